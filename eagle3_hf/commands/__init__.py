@@ -1,0 +1,1 @@
+"""One module per `eagle3-hf` subcommand, each exposing `make_parser()` and `main(argv)`."""

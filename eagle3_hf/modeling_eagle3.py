@@ -1,0 +1,335 @@
+"""The EAGLE-3 draft head as a Transformers model.
+
+Reads top to bottom: attention with a 2H-wide input -> the fused decoder layer -> `Eagle3PreTrainedModel` ->
+`Eagle3DraftModel`. The Llama building blocks (RMSNorm, RoPE, MLP, attention backends) are reused by subclassing;
+only what differs from Llama is written here.
+
+The token embedding is the **target's** (frozen) and is not part of the head's weights: it is attached with
+`Eagle3DraftModel.attach_target(target)` (done for you by `from_target`, by the decoding loop and by the trainer),
+or comes from a checkpoint that ships it (the vLLM speculators dialect). A head with no embedding refuses to run.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_outputs import ModelOutput
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
+
+from .configuration_eagle3 import Eagle3Config
+
+
+@dataclass
+class Eagle3DraftOutput(ModelOutput):
+    """Output of one or several draft steps.
+
+    Args:
+        logits (`torch.FloatTensor` of shape `(batch_size, seq_len, draft_vocab_size)`):
+            Scores over the **draft** vocabulary; map ids with `Eagle3DraftModel.draft_to_target_ids`.
+        hidden_states (`torch.FloatTensor` of shape `(batch_size, seq_len, hidden_size)`):
+            Pre-norm output of the last layer, fed back as `hidden_states` of the next draft step.
+        cache (`Cache`, *optional*):
+            The draft's KV cache, updated with this call's keys and values.
+    """
+
+    logits: torch.FloatTensor | None = None
+    hidden_states: torch.FloatTensor | None = None
+    cache: Cache | None = None
+
+
+class Eagle3Attention(LlamaAttention):
+    """Llama attention whose q/k/v projections read `concat(embedding, hidden)`, i.e. `2 * hidden_size` wide."""
+
+    def __init__(self, config: Eagle3Config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        # main diff with Llama: the attention input is 2H wide, the output stays H wide
+        in_features = 2 * config.hidden_size
+        self.q_proj = nn.Linear(in_features, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(in_features, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(in_features, config.num_key_value_heads * self.head_dim, bias=config.attention_bias)
+
+
+class Eagle3DecoderLayer(LlamaDecoderLayer):
+    """The EAGLE-3 layer: attention over `concat(input_layernorm(embedding), hidden_norm(hidden))`.
+
+    The residual stream is the un-normed `hidden`, not the concatenation.
+    """
+
+    def __init__(self, config: Eagle3Config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = Eagle3Attention(config, layer_idx)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """`inputs_embeds` and `hidden_states`: `(batch, seq, hidden_size)`; returns the pre-norm `(batch, seq, H)`."""
+        residual = hidden_states
+        attn_input = torch.cat([self.input_layernorm(inputs_embeds), self.hidden_norm(hidden_states)], dim=-1)
+        attn_output, _ = self.self_attn(
+            hidden_states=attn_input,
+            attention_mask=attention_mask,
+            position_embeddings=position_embeddings,
+            cache=cache,
+            **kwargs,
+        )
+        hidden_states = residual + attn_output
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class Eagle3PreTrainedModel(PreTrainedModel):
+    config_class = Eagle3Config
+    config: Eagle3Config
+    base_model_prefix = ""
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["Eagle3DecoderLayer", "LlamaDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False  # a draft tree needs an arbitrary 4-D mask
+    _supports_flex_attn = False
+    _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, Eagle3DraftModel):
+            module.reset_vocab_maps()
+
+
+class Eagle3DraftModel(Eagle3PreTrainedModel):
+    """EAGLE-3 draft head (arXiv 2503.01840): `fc` fuses target features, one or more decoder layers, `norm`,
+    and an `lm_head` over the draft vocabulary.
+
+    Buffers:
+        d2t (`torch.LongTensor` of shape `(draft_vocab_size,)`): offsets; draft id `i` is target id `i + d2t[i]`.
+        t2d (`torch.BoolTensor` of shape `(vocab_size,)`): `t2d[v]` is true iff target id `v` is in the draft vocab.
+    """
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__(config)
+        self.fc = nn.Linear(config.num_target_features, config.hidden_size, bias=False)
+        self.layers = nn.ModuleList(
+            [Eagle3DecoderLayer(config, 0)] + [LlamaDecoderLayer(config, i) for i in range(1, config.num_hidden_layers)]
+        )
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        # Deliberately not a registered submodule: the embedding belongs to the target (frozen, not saved, not
+        # moved or cast with the head, not seen by the optimizer). See `attach_target`.
+        self._embedding: nn.Module | None = None
+        self.post_init()
+
+    # ----------------------------------------------------------------------------------------------- vocabulary
+    @torch.no_grad()
+    def reset_vocab_maps(self) -> None:
+        """Identity maps: draft id `i` is target id `i` (the first `draft_vocab_size` target ids)."""
+        self.d2t.zero_()
+        self.t2d.zero_()
+        self.t2d[: self.config.draft_vocab_size] = True
+
+    @torch.no_grad()
+    def set_vocab_maps(self, d2t: torch.Tensor, t2d: torch.Tensor | None = None) -> None:
+        """Install draft->target maps after checking them (`t2d` is rebuilt from `d2t` when not given)."""
+        from .vocab import check_vocab_maps, t2d_from_d2t
+
+        d2t = d2t.to(torch.long)
+        if t2d is None:
+            t2d = t2d_from_d2t(d2t, self.config.vocab_size)
+        check_vocab_maps(d2t, t2d, self.config.draft_vocab_size, self.config.vocab_size)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
+        """Map draft-vocabulary ids (any shape) to target-vocabulary ids: `target = draft + d2t[draft]`."""
+        return draft_ids + self.d2t[draft_ids]
+
+    # ------------------------------------------------------------------------------------------------ embedding
+    def get_input_embeddings(self) -> nn.Module | None:
+        return self._embedding
+
+    def set_input_embeddings(self, value: nn.Module | None) -> None:
+        if value is not None and value.weight.shape[0] != self.config.vocab_size:
+            raise ValueError(
+                f"The embedding has {value.weight.shape[0]} rows but the head's config says "
+                f"vocab_size={self.config.vocab_size}."
+            )
+        object.__setattr__(self, "_embedding", value)
+
+    @property
+    def has_embedding(self) -> bool:
+        return self._embedding is not None
+
+    def attach_target(self, target: PreTrainedModel) -> "Eagle3DraftModel":
+        """Use `target`'s input embedding (shared, frozen, never saved) and check the head fits `target`.
+
+        Raises `ValueError` when the vocabulary, the hidden size or the layer taps do not match the target.
+        """
+        text_config = target.config.get_text_config()
+        if text_config.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"vocab_size mismatch: the draft head has vocab_size={self.config.vocab_size} but the target "
+                f"{target.name_or_path or type(target).__name__!r} has vocab_size={text_config.vocab_size}."
+            )
+        if text_config.hidden_size != self.config.target_hidden_size:
+            raise ValueError(
+                f"target_hidden_size={self.config.target_hidden_size} but the target's hidden_size is "
+                f"{text_config.hidden_size}."
+            )
+        if self.config.target_layer_ids[-1] >= text_config.num_hidden_layers:
+            raise ValueError(
+                f"target_layer_ids={self.config.target_layer_ids} but the target has only "
+                f"{text_config.num_hidden_layers} layers."
+            )
+        embedding = target.get_input_embeddings()
+        if embedding.weight.shape[1] != self.config.hidden_size:
+            raise ValueError(
+                f"The target embedding is {embedding.weight.shape[1]} wide but the head's hidden_size is "
+                f"{self.config.hidden_size}; such a head must ship its own embedding."
+            )
+        self.set_input_embeddings(embedding)
+        return self
+
+    def embed(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """Embed target-vocabulary ids `(batch, seq)` -> `(batch, seq, hidden_size)` with the attached embedding."""
+        if self._embedding is None:
+            raise RuntimeError(
+                "The draft head has no token embedding: EAGLE-3 checkpoints do not store it. Call "
+                "`draft.attach_target(target)` (generate() and Eagle3Trainer do this for you)."
+            )
+        weight = self._embedding.weight
+        with torch.no_grad():
+            embeds = self._embedding(input_ids.to(weight.device))
+        return embeds.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
+
+    # -------------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        target_hidden_states: torch.Tensor | None = None,
+        hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> Eagle3DraftOutput:
+        r"""One draft step over a sequence, or over the nodes of a tree with a 4-D mask.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch, seq)`): token ids in the **target** vocabulary.
+            target_hidden_states (`torch.Tensor` of shape `(batch, seq, len(target_layer_ids) * target_hidden_size)`):
+                Concatenated target features (low -> high), fused by `fc`. Exclusive with `hidden_states`.
+            hidden_states (`torch.Tensor` of shape `(batch, seq, hidden_size)`):
+                The head's own pre-norm output from the previous step, fed back without `fc`.
+            attention_mask (`torch.Tensor`, *optional*): 2-D padding mask `(batch, past + seq)`, or a 4-D mask
+                `(batch, 1, seq, past + seq)` (float additive or bool) used as is, e.g. a tree mask.
+            position_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): RoPE positions; default
+                `past + arange(seq)`. No cap: RoPE is computed for any position.
+            cache (`Cache`, *optional*): the draft's KV cache; created when `use_cache` and none is given.
+            logits_to_keep (`int`, defaults to 0): compute logits for the last `logits_to_keep` positions only
+                (0 = all).
+        """
+        if (target_hidden_states is None) == (hidden_states is None):
+            raise ValueError("Pass exactly one of `target_hidden_states` (target features) or `hidden_states`.")
+        if target_hidden_states is not None:
+            if target_hidden_states.shape[-1] != self.config.num_target_features:
+                raise ValueError(
+                    f"target_hidden_states is {target_hidden_states.shape[-1]} wide; expected "
+                    f"len(target_layer_ids) * target_hidden_size = {self.config.num_target_features}."
+                )
+            hidden_states = self.fc(target_hidden_states.to(self.fc.weight.dtype))
+        elif hidden_states.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"hidden_states is {hidden_states.shape[-1]} wide; expected {self.config.hidden_size}.")
+
+        inputs_embeds = self.embed(input_ids)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + input_ids.shape[1], device=inputs_embeds.device).unsqueeze(0)
+
+        mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+
+        hidden_states = self.layers[0](
+            inputs_embeds, hidden_states, mask, position_embeddings, cache if use_cache else None, **kwargs
+        )
+        for layer in self.layers[1:]:
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                cache=cache if use_cache else None,
+                **kwargs,
+            )
+        kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        logits = self.lm_head(self.norm(kept))
+        return Eagle3DraftOutput(logits=logits, hidden_states=hidden_states, cache=cache if use_cache else None)
+
+    # -------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_target(cls, target: PreTrainedModel, **overrides) -> "Eagle3DraftModel":
+        """An untrained head sized for `target`, with the target's embedding attached.
+
+        Hidden size, heads, intermediate size, norm eps, activation, vocabulary and `max_position_embeddings`
+        come from the target; RoPE uses base 10000 as the reference training does; the layer taps default to
+        `[2, L // 2, L - 3]`. Any `Eagle3Config` field can be overridden, e.g. `draft_vocab_size=8192`.
+        The head is placed on the target's device and dtype.
+        """
+        config = cls.config_from_target(target, **overrides)
+        embedding = target.get_input_embeddings().weight
+        draft = cls(config).to(device=embedding.device, dtype=embedding.dtype)
+        return draft.attach_target(target)
+
+    @staticmethod
+    def config_from_target(target: PreTrainedModel, **overrides) -> Eagle3Config:
+        """The `Eagle3Config` that `from_target` builds (see there)."""
+        text = target.config.get_text_config()
+        fields = dict(
+            vocab_size=text.vocab_size,
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            hidden_act=getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu",
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            max_position_embeddings=text.max_position_embeddings,
+            target_hidden_size=text.hidden_size,
+            target_num_hidden_layers=text.num_hidden_layers,
+            target_model_name_or_path=target.name_or_path or None,
+            pad_token_id=text.pad_token_id,
+            bos_token_id=text.bos_token_id,
+            eos_token_id=text.eos_token_id,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+        fields.update(overrides)
+        return Eagle3Config(**fields)
+
+
+__all__ = ["Eagle3DraftModel", "Eagle3DraftOutput", "Eagle3PreTrainedModel", "Eagle3DecoderLayer"]

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny targets built in code, offline."""
+
+import os
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from eagle3_hf import Eagle3DraftModel  # noqa: E402
+
+
+TINY_TARGET_KWARGS = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+def make_tiny_target(config_class=LlamaConfig, seed: int = 0, attn_implementation: str = "sdpa", **overrides):
+    """A seeded random causal LM of any architecture from a tiny config (8 layers, hidden 32, vocab 128)."""
+    torch.manual_seed(seed)
+    config = config_class(**{**TINY_TARGET_KWARGS, **overrides})
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_target():
+    return make_tiny_target()
+
+
+@pytest.fixture
+def tiny_draft(tiny_target):
+    torch.manual_seed(1)
+    return Eagle3DraftModel.from_target(tiny_target, draft_vocab_size=64)

@@ -1,0 +1,135 @@
+import pytest
+import torch
+from transformers import AutoModel, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.vocab import maps_from_token_ids
+
+from .conftest import make_tiny_target
+
+
+def test_forward_shapes_sequence_then_own_hidden(tiny_draft):
+    ids = torch.randint(0, 128, (2, 5))
+    features = torch.randn(2, 5, 96)
+    out = tiny_draft(ids, target_hidden_states=features)
+    assert out.logits.shape == (2, 5, 64)
+    assert out.hidden_states.shape == (2, 5, 32)
+    assert out.cache.get_seq_length() == 5
+    step = tiny_draft(ids[:, :1], hidden_states=out.hidden_states[:, -1:], cache=out.cache)
+    assert step.logits.shape == (2, 1, 64)
+    assert out.cache.get_seq_length() == 6
+
+
+def test_cached_steps_equal_one_full_pass(tiny_draft):
+    ids = torch.randint(0, 128, (1, 7))
+    features = torch.randn(1, 7, 96)
+    full = tiny_draft(ids, target_hidden_states=features, use_cache=False)
+    first = tiny_draft(ids[:, :4], target_hidden_states=features[:, :4])
+    rest = tiny_draft(ids[:, 4:], target_hidden_states=features[:, 4:], cache=first.cache)
+    torch.testing.assert_close(torch.cat([first.logits, rest.logits], 1), full.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_mask_equals_separate_branches(tiny_draft):
+    """Two sibling nodes at the same position under a 4-D mask == each run alone on the prefix."""
+    ids = torch.randint(0, 128, (1, 4))
+    prefix = tiny_draft(ids, target_hidden_states=torch.randn(1, 4, 96))
+    hidden = prefix.hidden_states[:, -1:].expand(1, 2, 32)
+    nodes = torch.tensor([[5, 9]])
+    mask = torch.zeros(1, 1, 2, 6)
+    mask[0, 0, 0, 5] = torch.finfo(torch.float32).min  # node 0 must not see node 1 and vice versa
+    mask[0, 0, 1, 4] = torch.finfo(torch.float32).min
+    cache = prefix.cache
+    tree = tiny_draft(nodes, hidden_states=hidden, attention_mask=mask, position_ids=torch.tensor([[4, 4]]), cache=cache)
+    cache.crop(-2)
+    for i in range(2):
+        alone = tiny_draft(nodes[:, i : i + 1], hidden_states=hidden[:, :1], cache=cache)
+        cache.crop(-1)
+        torch.testing.assert_close(tree.logits[:, i], alone.logits[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_positions_beyond_max_position_embeddings(tiny_draft):
+    ids = torch.randint(0, 128, (1, 3))
+    out = tiny_draft(ids, target_hidden_states=torch.randn(1, 3, 96), position_ids=torch.tensor([[5000, 5001, 5002]]))
+    assert torch.isfinite(out.logits).all()
+
+
+def test_exactly_one_hidden_input_and_widths_checked(tiny_draft):
+    ids = torch.randint(0, 128, (1, 3))
+    with pytest.raises(ValueError, match="exactly one"):
+        tiny_draft(ids)
+    with pytest.raises(ValueError, match="96"):
+        tiny_draft(ids, target_hidden_states=torch.randn(1, 3, 32))
+
+
+def test_head_without_embedding_refuses_to_run(tiny_draft, tmp_path):
+    tiny_draft.save_pretrained(tmp_path)
+    loaded = Eagle3DraftModel.from_pretrained(tmp_path)
+    assert not loaded.has_embedding
+    with pytest.raises(RuntimeError, match="attach_target"):
+        loaded(torch.tensor([[1]]), target_hidden_states=torch.randn(1, 1, 96))
+
+
+def test_attach_checks_the_target(tiny_draft):
+    other = make_tiny_target(vocab_size=96)
+    with pytest.raises(ValueError, match="vocab_size mismatch"):
+        tiny_draft.attach_target(other)
+    shallow = make_tiny_target(num_hidden_layers=4)
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        tiny_draft.attach_target(shallow)
+
+
+def test_embedding_is_shared_frozen_and_never_saved(tiny_target, tiny_draft, tmp_path):
+    assert tiny_draft.get_input_embeddings() is tiny_target.get_input_embeddings()
+    assert all(not name.startswith("_embedding") for name, _ in tiny_draft.named_parameters())
+    tiny_draft.save_pretrained(tmp_path)
+    from safetensors import safe_open
+
+    keys = set(safe_open(tmp_path / "model.safetensors", "pt").keys())
+    assert not any("embed" in key for key in keys)
+    assert {"fc.weight", "lm_head.weight", "d2t", "t2d", "layers.0.hidden_norm.weight"} <= keys
+
+
+@pytest.mark.parametrize("config_class", [LlamaConfig, Qwen3Config, Gemma3TextConfig])
+def test_from_target_sizes_the_head(config_class):
+    extra = {"head_dim": 8} if config_class is not LlamaConfig else {}
+    target = make_tiny_target(config_class, **extra)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=32)
+    config = draft.config
+    assert config.vocab_size == 128 and config.draft_vocab_size == 32
+    assert config.target_layer_ids == [2, 4, 5]
+    assert config.target_hidden_size == 32 and config.hidden_size == 32
+    assert draft.fc.in_features == 96 and draft.layers[0].self_attn.q_proj.in_features == 64
+    hidden = target(torch.tensor([[1, 2, 3]]), output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i] for i in config.target_layer_ids], -1)
+    out = draft(torch.tensor([[2, 3, 4]]), target_hidden_states=features)
+    assert out.logits.shape == (1, 3, 32)
+
+
+def test_from_target_follows_target_dtype():
+    target = make_tiny_target().to(torch.bfloat16)
+    draft = Eagle3DraftModel.from_target(target)
+    assert draft.fc.weight.dtype == torch.bfloat16
+
+
+def test_vocab_maps_and_id_mapping(tiny_draft):
+    ids = torch.tensor(sorted(torch.randperm(128)[:64].tolist()))
+    d2t, t2d = maps_from_token_ids(ids, 128)
+    tiny_draft.set_vocab_maps(d2t)
+    assert torch.equal(tiny_draft.t2d, t2d)
+    assert torch.equal(tiny_draft.draft_to_target_ids(torch.arange(64)), ids)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        tiny_draft.set_vocab_maps(d2t[:10])
+
+
+def test_more_than_one_layer(tiny_target):
+    draft = Eagle3DraftModel.from_target(tiny_target, num_hidden_layers=2)
+    out = draft(torch.tensor([[1, 2]]), target_hidden_states=torch.randn(1, 2, 96))
+    assert out.hidden_states.shape == (1, 2, 32) and out.cache.get_seq_length() == 2
+
+
+def test_auto_model_resolves_saved_folder(tiny_draft, tmp_path):
+    tiny_draft.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert type(loaded) is Eagle3DraftModel
+    for name, tensor in tiny_draft.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
