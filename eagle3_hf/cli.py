@@ -12,6 +12,14 @@ import sys
 # command name -> (module, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("eagle3_hf.commands.env", "print versions and the offline assets found"),
+    "regenerate": ("eagle3_hf.commands.regenerate", "answer chat data with the target itself (resumable JSONL)"),
+    "vocab": ("eagle3_hf.commands.vocab", "choose the draft vocabulary from the training data (d2t/t2d file)"),
+    "train": ("eagle3_hf.commands.train", "train an EAGLE-3 head with the Transformers Trainer (online/offline)"),
+    "convert": ("eagle3_hf.commands.convert", "convert a head between checkpoint dialects"),
+    "push": ("eagle3_hf.commands.push", "upload a head to the Hub in a serving format, with its model card"),
+    "demo": ("eagle3_hf.commands.demo", "SmolLM2 + the shipped head: stream answers, print tau and speedup"),
+    "bench": ("eagle3_hf.commands.bench", "tau / tokens/s / speedup on MT-bench, HumanEval, held-out ShareGPT"),
+    "tune": ("eagle3_hf.commands.tune", "pick the fastest draft-tree shape for this target and machine"),
 }
 
 

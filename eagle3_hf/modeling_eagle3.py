@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from .configuration_eagle3 import Eagle3Config
+from .configuration_eagle3 import Eagle3Config, default_target_layer_ids
 
 
 @dataclass
@@ -197,6 +197,17 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                 f"target_layer_ids={self.config.target_layer_ids} but the target has only "
                 f"{text_config.num_hidden_layers} layers."
             )
+        recorded_layers = self.config.target_num_hidden_layers
+        if (
+            recorded_layers is not None
+            and recorded_layers != text_config.num_hidden_layers
+            and self.config.target_layer_ids == default_target_layer_ids(recorded_layers)
+        ):
+            # The taps were derived from a different depth: they would silently read the wrong layers.
+            raise ValueError(
+                f"target_num_hidden_layers={recorded_layers} (taps {self.config.target_layer_ids}) but the target "
+                f"has {text_config.num_hidden_layers} layers."
+            )
         embedding = target.get_input_embeddings()
         if embedding.weight.shape[1] != self.config.hidden_size:
             raise ValueError(
@@ -330,6 +341,27 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         )
         fields.update(overrides)
         return Eagle3Config(**fields)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> "Eagle3DraftModel":
+        r"""Load a head from a folder or Hub id in **any** EAGLE-3 checkpoint dialect.
+
+        `model_type: "eagle3"` folders take the stock Transformers path; official SafeAILab, SGLang/SpecForge,
+        NVIDIA ModelOpt and vLLM speculators checkpoints are detected and converted (see
+        `eagle3_hf.conversion` and docs/checkpoint-dialects.md). Every tensor is checked before anything is loaded;
+        problems raise `eagle3_hf.conversion.CheckpointFormatError` naming the file and field.
+
+        Besides the stock arguments (`dtype`, `device_map`, `attn_implementation`, `revision`, `cache_dir`,
+        `token`, `local_files_only`, `subfolder`, ...) it accepts:
+            target (`PreTrainedModel`, *optional*): the target; attached after loading, and it supplies the layer
+                count for the default taps, the verifier id and `max_position_embeddings` of converted heads.
+            target_num_hidden_layers (`int`, *optional*), target_layer_ids (`list[int]`, *optional*),
+            target_model_name_or_path (`str`, *optional*): for checkpoints (official ones) that do not record them.
+        """
+        from .conversion import from_pretrained_any_dialect
+
+        stock = super().from_pretrained
+        return from_pretrained_any_dialect(cls, stock, pretrained_model_name_or_path, *model_args, **kwargs)
 
 
 __all__ = ["Eagle3DraftModel", "Eagle3DraftOutput", "Eagle3PreTrainedModel", "Eagle3DecoderLayer"]

@@ -1,0 +1,209 @@
+"""Speed benchmark: plain `generate`, prompt lookup, chain mode and the EAGLE-3 tree, interleaved prompt by prompt.
+
+Every method is measured the same way: wall time of `target.generate(...)` and a forward pre-hook on the target
+that records the committed length at each target forward, from which the tokens produced per round (accepted + 1)
+follow for any decoding method. tau = new tokens / target forwards after the prefill (the bonus token counts, as in
+the EAGLE papers); speedup = tokens per second over plain `generate`'s tokens per second on the same prompts.
+"""
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .bench_data import EvalPrompt
+
+
+METHODS = ("plain", "prompt_lookup", "chain", "tree")
+
+
+@dataclass
+class GenerationRecord:
+    """One measured generation (one turn of one prompt by one method)."""
+
+    dataset: str
+    prompt_id: str
+    category: str
+    turn: int
+    method: str
+    temperature: float
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+    tokens_per_round: list[int] = field(default_factory=list)
+    matches_plain: bool | None = None
+
+
+@contextmanager
+def record_rounds(target: torch.nn.Module):
+    """Yield a list that receives the cache length seen by every target forward while the block runs.
+
+    The difference between consecutive lengths is the number of tokens committed by a round (accepted + bonus).
+    """
+    lengths: list[int] = []
+
+    def hook(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        lengths.append(cache.get_seq_length() if cache is not None else 0)
+
+    handle = target.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield lengths
+    finally:
+        handle.remove()
+
+
+def tokens_per_round(cache_lengths: list[int], final_length: int) -> list[int]:
+    """Tokens committed per decoding round from the cache length at each target forward.
+
+    The first forward is the prefill; round `i` is the forward at index `i` and commits the tokens up to the start
+    of the next forward (the last round up to `final_length`, the sequence length after generation; the last
+    committed token is never in the cache).
+    """
+    if len(cache_lengths) < 2:
+        return []
+    starts = cache_lengths[1:]
+    ends = starts[1:] + [final_length - 1]
+    return [end - start for start, end in zip(starts, ends)]
+
+
+def method_kwargs(method: str, draft, tree_kwargs: dict | None, prompt_lookup_num_tokens: int = 10) -> dict:
+    """The `generate` keyword arguments that select a decoding method."""
+    if method == "plain":
+        return {}
+    if method == "prompt_lookup":
+        return {"prompt_lookup_num_tokens": prompt_lookup_num_tokens}
+    if method == "chain":
+        return {"assistant_model": draft, "eagle3_mode": "chain"}
+    if method == "tree":
+        return {"assistant_model": draft, **(tree_kwargs or {})}
+    raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_generate(target, input_ids: torch.Tensor, method: str, temperature: float, max_new_tokens: int,
+                   draft=None, tree_kwargs: dict | None = None, seed: int = 0):
+    """Run one generation; returns `(new_token_ids, seconds, tokens_per_round)`."""
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
+        "do_sample": False}
+    kwargs = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids), **sampling)
+    kwargs.update(method_kwargs(method, draft, tree_kwargs))
+    torch.manual_seed(seed)
+    _synchronize(input_ids.device)
+    with record_rounds(target) as lengths:
+        start = time.perf_counter()
+        output = target.generate(input_ids, **kwargs)
+        _synchronize(input_ids.device)
+        seconds = time.perf_counter() - start
+    sequences = output if isinstance(output, torch.Tensor) else output.sequences
+    return sequences[0, input_ids.shape[1]:], seconds, tokens_per_round(lengths, sequences.shape[1])
+
+
+def _encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = "\n".join(message["content"] for message in messages)
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
+
+
+def run_benchmark(target, tokenizer, draft, prompts: list[EvalPrompt], methods=METHODS, temperatures=(0.0,),
+                  max_new_tokens: int = 128, tree_kwargs: dict | None = None, seed: int = 0, warmup: int = 1,
+                  progress: bool = True) -> list[GenerationRecord]:
+    """Measure every method on every prompt and temperature, interleaved prompt by prompt.
+
+    The method order rotates with the prompt index so that no method always runs first (caches, clocks). Each
+    method keeps its own multi-turn history (answers are fed back). At temperature 0, every method's output is
+    compared with plain `generate`'s (`matches_plain`).
+    """
+    methods = list(methods)
+    if "plain" not in methods:
+        raise ValueError("methods must include 'plain': speedups are measured against it.")
+    device = target.device
+    if warmup and prompts:
+        warm_ids = _encode_chat(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}], device)
+        for method in methods:
+            for _ in range(warmup):
+                timed_generate(target, warm_ids, method, 0.0, min(16, max_new_tokens), draft, tree_kwargs, seed)
+    records: list[GenerationRecord] = []
+    total = sum(len(p.turns) for p in prompts) * len(temperatures)
+    bar = tqdm(total=total, desc="benchmark", disable=not progress)
+    for index, prompt in enumerate(prompts):
+        for temperature in temperatures:
+            histories = {method: [] for method in methods}
+            for turn, question in enumerate(prompt.turns):
+                order = methods[index % len(methods):] + methods[: index % len(methods)]
+                outputs = {}
+                for method in order:
+                    history = histories[method] + [{"role": "user", "content": question}]
+                    input_ids = _encode_chat(tokenizer, history, device)
+                    new_ids, seconds, rounds = timed_generate(
+                        target, input_ids, method, temperature, max_new_tokens, draft, tree_kwargs, seed + index
+                    )
+                    outputs[method] = new_ids
+                    answer = tokenizer.decode(new_ids, skip_special_tokens=True)
+                    histories[method] = history + [{"role": "assistant", "content": answer}]
+                    records.append(GenerationRecord(prompt.dataset, prompt.prompt_id, prompt.category, turn, method,
+                                                    temperature, input_ids.shape[1], len(new_ids), seconds, rounds))
+                if temperature == 0:
+                    for record in records[-len(methods):]:
+                        record.matches_plain = torch.equal(outputs[record.method], outputs["plain"])
+                bar.update(1)
+    bar.close()
+    return records
+
+
+def acceptance_by_position(rounds: list[int], max_positions: int | None = None) -> list[float]:
+    """Acceptance rate of draft position k (1-based): P(accepted >= k | accepted >= k - 1), from tokens per round.
+
+    `rounds` holds accepted + 1 per round. Positions never reached are omitted.
+    """
+    accepted = torch.tensor([r - 1 for r in rounds], dtype=torch.long)
+    rates = []
+    limit = max_positions or (int(accepted.max()) + 1 if accepted.numel() else 0)
+    for k in range(1, limit + 1):
+        reached = int((accepted >= k - 1).sum())
+        if reached == 0:
+            break
+        rates.append(int((accepted >= k).sum()) / reached)
+    return rates
+
+
+def _aggregate(group: list[GenerationRecord]) -> dict:
+    new_tokens = sum(r.new_tokens for r in group)
+    seconds = sum(r.seconds for r in group)
+    rounds = [t for r in group for t in r.tokens_per_round]
+    return {
+        "generations": len(group),
+        "new_tokens": new_tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_second": new_tokens / seconds if seconds else 0.0,
+        "tau": sum(rounds) / len(rounds) if rounds else None,
+        "rounds": len(rounds),
+        "acceptance_by_position": acceptance_by_position(rounds) if rounds else [],
+        "greedy_mismatches": sum(1 for r in group if r.matches_plain is False),
+    }
+
+
+def summarize(records: list[GenerationRecord]) -> dict:
+    """Per (dataset, temperature, method) and per MT-bench category: tau, tokens/s, speedup, acceptance."""
+    groups: dict[tuple, list[GenerationRecord]] = defaultdict(list)
+    for record in records:
+        groups[(record.dataset, record.temperature, record.method)].append(record)
+        if record.dataset == "mt_bench":
+            groups[(f"mt_bench/{record.category}", record.temperature, record.method)].append(record)
+    rows = []
+    for (dataset, temperature, method), group in sorted(groups.items()):
+        row = {"dataset": dataset, "temperature": temperature, "method": method, **_aggregate(group)}
+        plain = groups.get((dataset, temperature, "plain"))
+        plain_speed = _aggregate(plain)["tokens_per_second"] if plain else 0.0
+        row["speedup"] = row["tokens_per_second"] / plain_speed if plain_speed else None
+        rows.append(row)
+    return {"rows": rows, "records": [asdict(r) for r in records]}

@@ -1,0 +1,79 @@
+"""`eagle3-hf bench`: tau, tokens/s and speedup of plain generate, prompt lookup, chain mode and the EAGLE-3 tree.
+
+Example (the README's results):
+    eagle3-hf bench --datasets mt_bench humaneval sharegpt --temperatures 0 1 --limit 10 --max-new-tokens 128
+"""
+
+import argparse
+import platform
+import shlex
+import sys
+
+from ..benchmark import METHODS
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3-hf bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--head", default=None, help="EAGLE-3 head (folder or Hub id); default: the shipped head")
+    parser.add_argument("--datasets", nargs="+", default=["mt_bench", "humaneval", "sharegpt"],
+                        choices=["mt_bench", "humaneval", "sharegpt"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    parser.add_argument("--limit", type=int, default=None, help="prompts per dataset (default: all)")
+    parser.add_argument("--turns", type=int, default=2, help="MT-bench turns per question (1 or 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--tree-total-tokens", type=int, default=None)
+    parser.add_argument("--tree-depth", type=int, default=None)
+    parser.add_argument("--tree-top-k", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--output-dir", default="outputs/bench")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def tree_kwargs_from_args(args) -> dict:
+    names = {"tree_total_tokens": args.tree_total_tokens, "tree_depth": args.tree_depth,
+             "tree_top_k": args.tree_top_k}
+    return {name: value for name, value in names.items() if value is not None}
+
+
+def machine_description() -> str:
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+    return f"{platform.machine()} {device}, torch {torch.__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    import torch
+
+    from ..bench_data import load_prompts
+    from ..bench_report import markdown_table, write_report
+    from ..benchmark import run_benchmark, summarize
+    from ..defaults import load_default_pair
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer, draft = load_default_pair(args.head)
+    prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns)
+    records = run_benchmark(target, tokenizer, draft, prompts, methods=args.methods,
+                            temperatures=args.temperatures, max_new_tokens=args.max_new_tokens,
+                            tree_kwargs=tree_kwargs_from_args(args), seed=args.seed,
+                            progress=not args.no_progress)
+    summary = summarize(records)
+    command = "eagle3-hf bench " + shlex.join(sys.argv[2:] if argv is None else argv)
+    paths = write_report(summary, args.output_dir, machine_description(), command, plots=not args.no_plots)
+    print(markdown_table(summary))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    mismatches = sum(row["greedy_mismatches"] for row in summary["rows"] if "/" not in row["dataset"])
+    if mismatches:
+        print(f"ERROR: {mismatches} greedy outputs differ from plain generate", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""`eagle3-hf tune`: pick the fastest draft-tree shape (total_tokens, depth, top_k) for a target on this machine.
+
+Each shape decodes the same prompts with the tree (greedy), interleaved with plain `generate`; the shape with the
+highest tokens/s wins. `--save` writes it into the head folder's `generation_config.json`, where `generate` reads
+its defaults.
+"""
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3-hf tune", description=__doc__.split("\n")[0])
+    parser.add_argument("--head", default=None, help="EAGLE-3 head folder or Hub id; default: the shipped head")
+    parser.add_argument("--total-tokens", nargs="+", type=int, default=[8, 16, 24, 32])
+    parser.add_argument("--depth", nargs="+", type=int, default=[3, 4, 5, 6])
+    parser.add_argument("--top-k", nargs="+", type=int, default=[2, 4, 6])
+    parser.add_argument("--datasets", nargs="+", default=["mt_bench"], choices=["mt_bench", "humaneval", "sharegpt"])
+    parser.add_argument("--limit", type=int, default=4, help="prompts per dataset")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--output", default="outputs/tune.json")
+    parser.add_argument("--save", action="store_true", help="store the winner in the head's generation_config.json")
+    return parser
+
+
+def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progress: bool = True) -> list[dict]:
+    """Measure tokens/s and tau of every `(total_tokens, depth, top_k)` shape; plain `generate` as reference."""
+    from tqdm.auto import tqdm
+
+    from ..benchmark import run_benchmark, summarize
+
+    results = []
+    for total_tokens, depth, top_k in tqdm(shapes, desc="tree shapes", disable=not progress):
+        tree_kwargs = {"tree_total_tokens": total_tokens, "tree_depth": depth, "tree_top_k": top_k}
+        records = run_benchmark(target, tokenizer, draft, prompts, methods=["plain", "tree"], temperatures=[0.0],
+                                max_new_tokens=max_new_tokens, tree_kwargs=tree_kwargs, warmup=0, progress=False)
+        rows = [r for r in summarize(records)["rows"] if r["method"] == "tree" and "/" not in r["dataset"]]
+        tokens = sum(r["new_tokens"] for r in rows)
+        seconds = sum(r["seconds"] for r in rows)
+        plain = [r for r in summarize(records)["rows"] if r["method"] == "plain" and "/" not in r["dataset"]]
+        plain_speed = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
+        results.append({**tree_kwargs, "tokens_per_second": tokens / seconds, "speedup": tokens / seconds / plain_speed,
+                        "tau": sum(r["tau"] * r["rounds"] for r in rows) / max(1, sum(r["rounds"] for r in rows))})
+    return sorted(results, key=lambda r: -r["tokens_per_second"])
+
+
+def valid_shapes(total_tokens: list[int], depths: list[int], top_ks: list[int]) -> list[tuple[int, int, int]]:
+    """Shapes where the tree can be filled: `total_tokens <= top_k + depth * top_k**2` candidates exist."""
+    return [(n, d, k) for n, d, k in itertools.product(total_tokens, depths, top_ks) if n <= k + (d - 1) * k * k
+            and n >= d]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    from ..bench_data import load_prompts
+    from ..defaults import DEFAULT_HEAD_DIR, load_default_pair
+
+    target, tokenizer, draft = load_default_pair(args.head)
+    prompts = load_prompts(args.datasets, args.limit, num_turns=1)
+    shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
+    results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(results, indent=1))
+    for row in results[:10]:
+        print(json.dumps(row))
+    best = results[0]
+    print(f"fastest: total_tokens={best['tree_total_tokens']} depth={best['tree_depth']} top_k={best['tree_top_k']}"
+          f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']:.2f}")
+    if args.save:
+        head_dir = Path(args.head or DEFAULT_HEAD_DIR)
+        if not head_dir.is_dir():
+            raise SystemExit(f"--save needs a local head folder; {head_dir} is not one.")
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(**{k: best[k] for k in ("tree_total_tokens", "tree_depth", "tree_top_k")})
+        config.save_pretrained(head_dir)
+        print(f"saved to {head_dir / 'generation_config.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

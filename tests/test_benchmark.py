@@ -1,0 +1,64 @@
+import json
+
+import pytest
+import torch
+
+from eagle3_hf.bench_report import markdown_table, write_report
+from eagle3_hf.benchmark import (
+    GenerationRecord,
+    acceptance_by_position,
+    record_rounds,
+    summarize,
+    timed_generate,
+    tokens_per_round,
+)
+
+
+def test_tokens_per_round_from_cache_lengths():
+    # prefill at 0; prompt of 5; rounds commit 3, 1, 2 tokens; final sequence 5 + 1 + 3 + 1 + 2 = 12
+    assert tokens_per_round([0, 5, 8, 9], 12) == [3, 1, 2]
+    assert tokens_per_round([0], 6) == []
+
+
+def test_plain_generate_has_one_token_per_round(tiny_target):
+    ids = torch.tensor([[1, 2, 3]])
+    new_ids, seconds, rounds = timed_generate(tiny_target, ids, "plain", 0.0, 6)
+    assert len(new_ids) == 6 and seconds > 0
+    assert rounds == [1] * 5  # the first new token comes from the prefill
+
+
+def test_record_rounds_removes_its_hook(tiny_target):
+    with record_rounds(tiny_target) as lengths:
+        tiny_target(torch.tensor([[1, 2]]))
+    tiny_target(torch.tensor([[1, 2]]))
+    assert lengths == [0]
+
+
+def test_acceptance_by_position():
+    # accepted = 0, 1, 2, 2 -> position 1: 3/4 accepted; position 2: 2/3; position 3: 0/2
+    assert acceptance_by_position([1, 2, 3, 3]) == pytest.approx([0.75, 2 / 3, 0.0])
+
+
+def _record(method, tokens, seconds, rounds, category="writing", dataset="mt_bench", match=True):
+    return GenerationRecord(dataset, "1", category, 0, method, 0.0, 10, tokens, seconds, rounds, match)
+
+
+def test_summary_speedup_tau_and_categories(tmp_path):
+    records = [
+        _record("plain", 10, 2.0, [1] * 9),
+        _record("tree", 10, 1.0, [3, 3, 3]),
+        _record("tree", 10, 1.0, [3, 3, 3], match=False),
+        _record("plain", 10, 2.0, [1] * 9),
+    ]
+    rows = {(r["dataset"], r["method"]): r for r in summarize(records)["rows"]}
+    assert rows[("mt_bench", "tree")]["speedup"] == pytest.approx(2.0)
+    assert rows[("mt_bench", "tree")]["tau"] == pytest.approx(3.0)
+    assert rows[("mt_bench", "tree")]["greedy_mismatches"] == 1
+    assert ("mt_bench/writing", "tree") in rows
+    summary = summarize(records)
+    text = markdown_table(summary, "test machine", "eagle3-hf bench")
+    assert "| mt_bench | 0 | tree | 3.00 | 10.0 | 2.00x | 1 | 2 |" in text
+    paths = write_report(summary, tmp_path, "m", "c")
+    assert {p.name for p in paths} == {"results.json", "results.md", "speedup.png", "tau.png",
+                                       "acceptance_by_position.png"}
+    assert json.loads((tmp_path / "results.json").read_text())["rows"]
