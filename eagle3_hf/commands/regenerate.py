@@ -1,0 +1,63 @@
+"""`eagle3-hf regenerate`: answer the user turns of chat data with the target itself (resumable JSONL)."""
+
+import argparse
+import logging
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eagle3-hf regenerate",
+        description="Regenerate the assistant turns of chat data with the target model. Output is JSONL, one "
+        "conversation per line; rerunning with the same --output resumes after the conversations already written.",
+    )
+    parser.add_argument("--output", required=True, help="JSONL file to write (appended to when resuming).")
+    parser.add_argument("--model", default="smollm2", help="Model path or Hub id; 'smollm2' is the offline target.")
+    parser.add_argument("--data", default="sharegpt", help="JSON/JSONL file, or 'sharegpt' (the shipped file).")
+    parser.add_argument("--offset", type=int, default=0, help="First source record to use.")
+    parser.add_argument("--limit", type=int, default=None, help="Number of source records to use (default: all).")
+    parser.add_argument("--batch-size", type=int, default=8, help="Conversations per generate call.")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="Longest answer per turn.")
+    parser.add_argument("--max-length", type=int, default=2048, help="Stop a conversation once a prompt is this long.")
+    parser.add_argument("--do-sample", action="store_true", help="Sample instead of greedy decoding.")
+    parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (with --do-sample).")
+    parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (with --do-sample).")
+    parser.add_argument("--top-k", type=int, default=None, help="Top-k sampling (with --do-sample).")
+    parser.add_argument("--seed", type=int, default=0, help="Random seed.")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
+    parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from eagle3_hf.regenerate import load_target, make_generation_config, regenerate
+
+    model, tokenizer = load_target(args.model, dtype=args.dtype, device=args.device)
+    generation_config = make_generation_config(
+        model, tokenizer, args.max_new_tokens, args.do_sample, args.temperature, args.top_p, args.top_k
+    )
+    stats = regenerate(
+        model,
+        tokenizer,
+        args.data,
+        args.output,
+        generation_config=generation_config,
+        offset=args.offset,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    print(
+        f"wrote {stats.written} conversations to {args.output} ({stats.skipped_done} already there, "
+        f"{stats.skipped_empty} without a user turn, {stats.invalid} invalid); {stats.turns} turns, "
+        f"{stats.new_tokens} tokens in {stats.seconds:.1f} s ({stats.tokens_per_second:.1f} tokens/s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,576 @@
+"""Chat data for EAGLE-3 training: conversations -> `input_ids` / `loss_mask`, and `DataCollatorForEagle3`.
+
+Records come in ShareGPT form (`{"conversations": [{"from": "human", "value": ...}, ...]}`) or chat form
+(`{"messages": [{"role": "user", "content": ...}, ...]}`), from JSON/JSONL files (streamed record by record, so a
+cut-off file such as the shipped ShareGPT yields every complete record), `datasets.Dataset`s or in-memory lists.
+Each conversation is rendered with the target's own chat template; `loss_mask` marks the tokens of assistant turns
+(content and end-of-turn marker), found generically by rendering prefixes of the conversation (no hard-coded
+separators). See docs/training-data.md.
+"""
+
+import gzip
+import hashlib
+import itertools
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from jinja2 import TemplateError
+from transformers.data.data_collator import DataCollatorMixin
+
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+logger = logging.getLogger(__name__)
+
+# Role names seen in ShareGPT-style dumps and chat datasets -> the roles chat templates expect.
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+# Stands in for an assistant message's content to find where a template puts it; long and odd so real text
+# never contains it.
+_SENTINEL = "<<eagle3-assistant-content-5f1c9e>>"
+_READ_CHUNK = 1 << 20
+# Bump when the rendering or masking rules change, so fingerprints (and vocab caches keyed on them) change too.
+_FORMAT_VERSION = 1
+
+
+@dataclass
+class DataStats:
+    """Counts from `build_training_dataset` (also stored as JSON in `dataset.info.description`).
+
+    `read`: records read from the source (after `offset`/`limit`). `empty`: conversations with no user turn followed
+    by an assistant turn once cleaned. `invalid`: malformed records (unknown role, non-string content) or chat
+    template errors. `dropped`: overlong samples with `overflow="drop"`, or truncated ones left with no assistant
+    token. `truncated`: kept samples cut to `max_length`. `kept`: rows of the dataset. `approximate`: kept rows whose
+    template renders earlier turns differently from a conversation's end, so an assistant span was found by search
+    (see docs). `loss_tokens`/`tokens`: masked and total tokens kept. `fingerprint`: the dataset's fingerprint.
+    """
+
+    read: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    empty: int = 0
+    invalid: int = 0
+    approximate: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    fingerprint: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_dataset(cls, dataset: "Dataset") -> "DataStats":
+        """Read the stats that `build_training_dataset` stored in `dataset.info.description`."""
+        try:
+            values = json.loads(dataset.info.description or "")
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                "dataset.info.description holds no DataStats JSON; was the dataset made by build_training_dataset?"
+            ) from error
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
+# ----------------------------------------------------------------------------------------------- reading records
+
+
+def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
+    """Stream the records of a JSON array file or a JSONL file (optionally `.gz`), one at a time.
+
+    A file cut off mid-record (the shipped ShareGPT file is) yields every complete record, then logs a warning
+    with the count read; it never raises for that. Memory stays around one record plus a 1 MiB read buffer.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    decoder = json.JSONDecoder()
+    count = 0
+    with opener(path, "rt", encoding="utf-8") as file:
+        buffer, position, at_eof = "", 0, False
+
+        def refill() -> bool:
+            nonlocal buffer, position, at_eof
+            chunk = file.read(_READ_CHUNK) if not at_eof else ""
+            buffer, position, at_eof = buffer[position:] + chunk, 0, not chunk
+            return bool(chunk)
+
+        def skip(chars: str) -> None:
+            nonlocal position
+            while True:
+                while position < len(buffer) and buffer[position] in chars:
+                    position += 1
+                if position < len(buffer) or not refill():
+                    return
+
+        skip(" \t\r\n\ufeff")
+        if position < len(buffer) and buffer[position] == "[":  # a JSON array; otherwise JSONL (records in a row)
+            position += 1
+        elif position < len(buffer) and buffer[position] != "{":
+            raise ValueError(
+                f"{path}: expected a JSON array of records or JSONL records, found "
+                f"{buffer[position : position + 20]!r} at the start."
+            )
+        while True:
+            skip(" \t\r\n,")
+            if position >= len(buffer) or buffer[position] == "]":
+                break
+            try:
+                record, end = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError as error:
+                if refill():  # the record continues past the buffer
+                    continue
+                logger.warning(
+                    f"{path} is truncated or malformed: read {count} complete records, then could not "
+                    f"decode the rest ({len(buffer) - position} characters: {error.msg}); ignoring it."
+                )
+                return
+            position = end
+            count += 1
+            yield record
+    logger.info(f"Read {count} records from {path}.")
+
+
+def iter_records(source, offset: int = 0, limit: int | None = None) -> Iterator[tuple[int, Any]]:
+    """`(index, record)` pairs of `source[offset : offset + limit]`; `index` counts from the source's start.
+
+    `source`: a JSON/JSONL file path, `"sharegpt"` (the shipped ShareGPT file, `eagle3_hf.assets.SHAREGPT`), a
+    `datasets.Dataset`, or any iterable of dict records.
+    """
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ValueError(f"offset={offset} and limit={limit} must be non-negative.")
+    if isinstance(source, (str, os.PathLike)):
+        if str(source) == "sharegpt":
+            from .assets import SHAREGPT
+
+            source = SHAREGPT.path()
+        if not Path(source).is_file():
+            raise FileNotFoundError(
+                f"Data file {source} not found; pass a JSON/JSONL file, 'sharegpt', or a "
+                "datasets.Dataset (e.g. from datasets.load_dataset)."
+            )
+        source = iter_json_records(source)
+    stop = None if limit is None else offset + limit
+    yield from itertools.islice(enumerate(source), offset, stop)
+
+
+def normalize_messages(record: Any) -> list[dict[str, str]]:
+    """A record's turns as `[{"role": "system"|"user"|"assistant", "content": str}, ...]`.
+
+    Rules: roles are normalised with `ROLE_ALIASES`; turns with blank content are removed; consecutive turns of
+    the same role are merged (contents joined by a blank line), so roles alternate; a system turn is kept only as
+    the first message; turns before the first user turn (other than that system turn) are dropped. Trailing user
+    turns are kept (regeneration answers them). Raises `ValueError` for a malformed record.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be a dict, got {type(record).__name__}.")
+    if "conversations" in record:
+        turns, role_key, content_key = record["conversations"], "from", "value"
+    elif "messages" in record:
+        turns, role_key, content_key = record["messages"], "role", "content"
+    else:
+        raise ValueError(f"record has neither 'conversations' (ShareGPT) nor 'messages' (chat); keys: {list(record)}.")
+    messages: list[dict[str, str]] = []
+    for turn in turns or []:
+        role = ROLE_ALIASES.get(str(turn.get(role_key)).lower()) if isinstance(turn, dict) else None
+        content = turn.get(content_key) if isinstance(turn, dict) else None
+        if role is None or not isinstance(content, str):
+            raise ValueError(
+                f"turn {turn!r:.80} needs '{role_key}' in {sorted(ROLE_ALIASES)} and a string '{content_key}'."
+            )
+        if not content.strip() or (role == "system" and messages):
+            continue
+        if messages and messages[-1]["role"] == role:
+            messages[-1] = {"role": role, "content": messages[-1]["content"] + "\n\n" + content}
+        else:
+            messages.append({"role": role, "content": content})
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    rest = messages[len(system) :]
+    while rest and rest[0]["role"] != "user":
+        rest.pop(0)
+    return system + rest if rest else []
+
+
+def training_messages(record: Any, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """`normalize_messages` minus trailing non-assistant turns; `[]` when nothing is left to learn."""
+    messages = normalize_messages(record)
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    if not messages:
+        return []
+    if system_prompt is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def read_sharegpt_heldout_records(start: int, source="sharegpt") -> Iterator[tuple[int, dict[str, Any]]]:
+    """The held-out slice `source[start:]` (train with `limit=start`): `(index, {"id", "messages",
+    "first_user_turn"})` for each record with a user turn; malformed records are skipped."""
+    for index, record in iter_records(source, offset=start):
+        try:
+            messages = normalize_messages(record)
+        except ValueError:
+            continue
+        user_turns = [message["content"] for message in messages if message["role"] == "user"]
+        if user_turns:
+            yield index, {"id": record.get("id", index), "messages": messages, "first_user_turn": user_turns[0]}
+
+
+# -------------------------------------------------------------------------------------- rendering and the mask
+
+
+def _render(tokenizer, messages: list[dict[str, str]]) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+
+
+def _assistant_turn_text(tokenizer, messages: list[dict[str, str]], index: int) -> tuple[str, str, str | None]:
+    """How the template renders assistant message `index` when it ends the conversation.
+
+    Returns `(turn, content, head)`: `turn` is the rendered content plus the end-of-turn marker, with the
+    whitespace after the marker removed (the model stops at the marker and never produces it); `content` is the
+    rendered content alone; `head` is the render of everything before the content (the earlier turns and this
+    turn's header), or None when the template does not keep the content between a fixed head and tail.
+    """
+    probe = _render(tokenizer, messages[:index] + [{"role": "assistant", "content": _SENTINEL}])
+    head, found, tail = probe.partition(_SENTINEL)
+    rendered = _render(tokenizer, messages[: index + 1])
+    if not found or not rendered.startswith(head) or not rendered.endswith(tail) or len(rendered) < len(head + tail):
+        content = messages[index]["content"].strip()
+        return content, content, None
+    content = rendered[len(head) : len(rendered) - len(tail)]
+    return content + tail.rstrip(), content, head
+
+
+def render_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]], bool]:
+    """Render `messages` with the tokenizer's chat template; find the character span of each assistant turn.
+
+    Returns `(text, spans, approximate)`. A span covers the turn's content and end-of-turn marker (e.g.
+    `Hi<|im_end|>` in ChatML, `Hi<|eot_id|>` in Llama 3), as the template renders them: the template is rendered
+    with a sentinel as the turn's content to find its head and tail, then with the real content. For templates
+    whose render of a conversation starts with the render of each of its prefixes (ChatML, Llama 3, Gemma, ...)
+    the spans are exact. Otherwise (e.g. a template that renders earlier turns differently) the turn is searched
+    for after the previous span, then its content alone, and `approximate` is True. Raises `ValueError` if a turn
+    cannot be found.
+    """
+    text = _render(tokenizer, messages)
+    spans: list[tuple[int, int]] = []
+    cursor, approximate = 0, False
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        turn, content, head = _assistant_turn_text(tokenizer, messages, index)
+        if head is not None and len(head) >= cursor and text.startswith(head) and text.startswith(turn, len(head)):
+            start = len(head)
+        else:
+            approximate = True
+            start = text.find(turn, cursor)
+            if start < 0:
+                turn, start = content, text.find(content, cursor)
+            if start < 0 or not turn:
+                raise ValueError(f"assistant turn {index} ({content[:40]!r}...) is not in the rendered conversation.")
+        spans.append((start, start + len(turn)))
+        cursor = start + len(turn)
+    return text, spans, approximate
+
+
+def render_plain_text(
+    tokenizer, messages: list[dict[str, str]], loss: str = "all"
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render for a tokenizer without a chat template: BOS (if any), then the contents joined by blank lines.
+
+    `loss="all"` puts every token after BOS in the loss (a base model continues any text); `"assistant"` only the
+    assistant contents. Returns `(text, spans)`.
+    """
+    if loss not in ("all", "assistant"):
+        raise ValueError(f"plain_text_loss={loss!r}; expected 'all' or 'assistant'.")
+    bos = tokenizer.bos_token or ""
+    text, spans = bos, []
+    for index, message in enumerate(messages):
+        text += "\n\n" if index else ""
+        if message["role"] == "assistant":
+            spans.append((len(text), len(text) + len(message["content"])))
+        text += message["content"]
+    return text, spans if loss == "assistant" else [(len(bos), len(text))]
+
+
+def _token_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]], text_length: int) -> list[int]:
+    """1 for tokens whose characters overlap any span (offsets: `[T]` (start, end) pairs)."""
+    inside = np.zeros(text_length + 1, dtype=np.int64)
+    for start, end in spans:
+        inside[start] += 1
+        inside[end] -= 1
+    # prefix[c] = number of characters before c that lie inside a span
+    prefix = np.concatenate([[0], np.cumsum(np.cumsum(inside)[:-1] > 0)])
+    offsets_array = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    return (prefix[offsets_array[:, 1]] > prefix[offsets_array[:, 0]]).astype(np.int64).tolist()
+
+
+def tokenize_with_mask(tokenizer, texts: list[str], spans: list[list[tuple[int, int]]]) -> list[tuple[list, list]]:
+    """Tokenise rendered texts (no special tokens added: the template has them) -> `(input_ids, loss_mask)` each."""
+    if tokenizer.is_fast:
+        encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        return [
+            (ids, _token_mask(offsets, row_spans, len(text)))
+            for ids, offsets, row_spans, text in zip(encoded["input_ids"], encoded["offset_mapping"], spans, texts)
+        ]
+    # Python tokenizers have no offsets: tokenise the pieces between span boundaries separately.
+    results = []
+    for text, row_spans in zip(texts, spans):
+        bounds = sorted({0, len(text), *itertools.chain.from_iterable(row_spans)})
+        ids, mask = [], []
+        for start, end in itertools.pairwise(bounds):
+            piece = tokenizer(text[start:end], add_special_tokens=False)["input_ids"]
+            inside = any(a <= start and end <= b for a, b in row_spans)
+            ids += piece
+            mask += [int(inside)] * len(piece)
+        results.append((ids, mask))
+    return results
+
+
+# ------------------------------------------------------------------------------------------- building a dataset
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of what decides rendering and tokenisation: the tokenizer's full serialisation (or vocabulary)
+    and its chat template. The name or local path is left out, so the same tokenizer hashes the same everywhere."""
+    digest = hashlib.sha256()
+    if tokenizer.is_fast:
+        digest.update(tokenizer.backend_tokenizer.to_str().encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    digest.update(json.dumps([type(tokenizer).__name__, tokenizer.chat_template, tokenizer.bos_token]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _render_for_training(tokenizer, messages, plain_text_loss: str) -> tuple[str, list[tuple[int, int]], bool, str]:
+    """`(text, spans, approximate, status)` for one conversation; status "invalid" if the template rejects it."""
+    try:
+        if tokenizer.chat_template is None:
+            return *render_plain_text(tokenizer, messages, plain_text_loss), False, "kept"
+        return *render_conversation(tokenizer, messages), "kept"
+    except (TemplateError, ValueError) as error:
+        logger.debug(f"Skipping a conversation the chat template cannot render: {error}")
+        return "", [], False, "invalid"
+
+
+def _tokenize_batch(batch, tokenizer, max_length: int, overflow: str, plain_text_loss: str) -> dict[str, list]:
+    """`datasets.map` function: `messages` -> `input_ids`, `loss_mask` and bookkeeping columns."""
+    texts, spans, approximate, statuses = zip(
+        *(_render_for_training(tokenizer, messages, plain_text_loss) for messages in batch["messages"])
+    )
+    out = {"input_ids": [], "loss_mask": [], "status": [], "approximate": list(approximate)}
+    for (ids, mask), status in zip(tokenize_with_mask(tokenizer, list(texts), list(spans)), statuses):
+        if status == "kept" and len(ids) > max_length:
+            if overflow == "drop":
+                status = "dropped"
+            else:
+                ids, mask, status = ids[:max_length], mask[:max_length], "truncated"
+        if status in ("kept", "truncated") and not any(mask):
+            status = "dropped"  # truncation left no assistant token
+        out["input_ids"].append(ids)
+        out["loss_mask"].append(mask)
+        out["status"].append(status)
+    out["num_tokens"] = [len(ids) for ids in out["input_ids"]]
+    out["num_loss_tokens"] = [sum(mask) for mask in out["loss_mask"]]
+    return out
+
+
+def build_training_dataset(
+    source,
+    tokenizer,
+    max_length: int = 2048,
+    overflow: str = "truncate",
+    num_proc: int | None = None,
+    offset: int = 0,
+    limit: int | None = None,
+    system_prompt: str | None = None,
+    plain_text_loss: str = "all",
+) -> "Dataset":
+    """Build the EAGLE-3 training set: a `datasets.Dataset` with `input_ids` and `loss_mask` (`list[int]` each).
+
+    Args:
+        source: a JSON/JSONL file, `"sharegpt"` (the shipped, cut-off ShareGPT file), a `datasets.Dataset` or a
+            list of records, in ShareGPT (`conversations`/`from`/`value`) or chat (`messages`/`role`/`content`)
+            form. Records are cleaned by `normalize_messages`; trailing user turns are dropped.
+        tokenizer: the target's tokenizer. Its chat template renders each conversation; `loss_mask[i]` is 1 iff
+            token `i` belongs to an assistant turn's content or end-of-turn marker. Without a chat template see
+            `render_plain_text`.
+        max_length (`int`, defaults to 2048): longest sample in tokens.
+        overflow (`str`, defaults to `"truncate"`): `"truncate"` cuts longer samples to `max_length`; `"drop"`
+            drops them (the official EAGLE recipe).
+        num_proc (`int`, *optional*): processes for rendering and tokenisation (`datasets.Dataset.map`).
+        offset, limit: use records `[offset, offset + limit)` of the source, e.g. to keep a held-out slice out.
+        system_prompt (`str`, *optional*): system message prepended to conversations that have none.
+        plain_text_loss (`str`, defaults to `"all"`): for a tokenizer without chat template, `"all"` or
+            `"assistant"` (see `render_plain_text`).
+
+    Returns:
+        The dataset; its `DataStats` (counts of records read, kept, truncated, dropped, empty, invalid) are logged
+        and stored in `dataset.info.description`: read them with `DataStats.from_dataset(dataset)`. The dataset's
+        fingerprint hashes the cleaned conversations, the tokenizer and these settings.
+    """
+    from datasets import Dataset
+
+    if overflow not in ("truncate", "drop"):
+        raise ValueError(f"overflow={overflow!r}; expected 'truncate' or 'drop'.")
+    if max_length < 2:
+        raise ValueError(f"max_length={max_length} must be at least 2.")
+    stats, conversations, digest = DataStats(), [], hashlib.sha256()
+    for index, record in iter_records(source, offset, limit):
+        stats.read += 1
+        try:
+            messages = training_messages(record, system_prompt)
+        except ValueError as error:
+            stats.invalid += 1
+            logger.debug(f"Skipping record {index}: {error}")
+            continue
+        if not messages:
+            stats.empty += 1
+            continue
+        conversations.append(messages)
+        digest.update(json.dumps(messages).encode())
+    if not conversations:
+        raise ValueError(f"No usable conversation in {source!r:.100} (offset={offset}, limit={limit}): {stats}.")
+    settings = [_FORMAT_VERSION, tokenizer_fingerprint(tokenizer), max_length, overflow, plain_text_loss]
+    digest.update(json.dumps(settings).encode())
+    fingerprint = digest.hexdigest()[:16]
+
+    dataset = Dataset.from_dict({"messages": conversations}).map(
+        _tokenize_batch,
+        batched=True,
+        batch_size=256,
+        num_proc=num_proc,
+        remove_columns=["messages"],
+        fn_kwargs=dict(tokenizer=tokenizer, max_length=max_length, overflow=overflow, plain_text_loss=plain_text_loss),
+        new_fingerprint=f"{fingerprint}-tokenized",
+        desc="Tokenizing conversations",
+    )
+    columns = dataset.select_columns(["status", "approximate", "num_tokens", "num_loss_tokens"]).to_dict()
+    keep = [i for i, status in enumerate(columns["status"]) if status in ("kept", "truncated")]
+    for name in ("truncated", "dropped", "invalid"):
+        setattr(stats, name, getattr(stats, name) + columns["status"].count(name))
+    stats.kept, stats.fingerprint = len(keep), fingerprint
+    for name, column in (("approximate", "approximate"), ("tokens", "num_tokens"), ("loss_tokens", "num_loss_tokens")):
+        setattr(stats, name, int(sum(columns[column][i] for i in keep)))
+    dataset = dataset.select(keep, new_fingerprint=f"{fingerprint}-selected")
+    dataset = dataset.remove_columns(list(columns), new_fingerprint=fingerprint)
+    dataset.info.description = stats.to_json()
+    logger.info(f"Training data: {stats}")
+    if stats.approximate:
+        logger.warning(
+            f"{stats.approximate} samples: the chat template renders earlier turns differently from a "
+            "conversation's end, so their assistant spans were found by search (see docs/training-data.md)."
+        )
+    return dataset
+
+
+def load_tokenizer(name_or_path: str):
+    """`"smollm2"`: the offline SmolLM2-135M-Instruct tokenizer (from its GGUF file); else `AutoTokenizer`."""
+    from transformers import AutoTokenizer
+
+    if name_or_path == "smollm2":
+        from .assets import SMOLLM2_GGUF
+
+        path = SMOLLM2_GGUF.path()
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+# --------------------------------------------------------------------------------------------------- collator
+
+
+@dataclass
+class DataCollatorForEagle3(DataCollatorMixin):
+    """Right-pad rows of `input_ids` / `loss_mask` into a batch for EAGLE-3 training.
+
+    Each example is a dict with `input_ids` and `loss_mask` (`list[int]` or 1-D tensors of length `T_i`). The batch
+    holds `input_ids` (long `[B, T]`, padded with `pad_token_id`), `attention_mask` (long `[B, T]`, 1 on real
+    tokens, computed from the lengths) and `loss_mask` (long `[B, T]`, padded with 0), with `T = max_i T_i`
+    (rounded up to `pad_to_multiple_of`). Every other key must hold a per-token value, with length `T_i` along its
+    first axis (e.g. precomputed target features `[T_i, 3 * H_t]`): it is padded with zeros to `[B, T, ...]`,
+    keeping its dtype. Other columns raise `ValueError`; remove them from the dataset first.
+
+    Args:
+        pad_token_id (`int`, *optional*, defaults to 0):
+            Id written into padded `input_ids` positions (the official recipe pads with zeros; they are masked).
+        pad_to_multiple_of (`int`, *optional*):
+            Round the padded length up to a multiple of this.
+        return_tensors (`str`, *optional*, defaults to `"pt"`):
+            Only `"pt"` is supported.
+
+    Example:
+
+    ```python
+    >>> from eagle3_hf.data import DataCollatorForEagle3
+    >>> collator = DataCollatorForEagle3(pad_token_id=0)
+    >>> batch = collator([
+    ...     {"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1], "scores": [0.5, 1.0, 2.0]},
+    ...     {"input_ids": [8, 9], "loss_mask": [0, 1], "scores": [3.0, 4.0]},
+    ... ])
+    >>> batch["input_ids"]
+    tensor([[5, 6, 7],
+            [8, 9, 0]])
+    >>> batch["attention_mask"]
+    tensor([[1, 1, 1],
+            [1, 1, 0]])
+    >>> batch["loss_mask"]
+    tensor([[0, 1, 1],
+            [0, 1, 0]])
+    >>> batch["scores"]
+    tensor([[0.5000, 1.0000, 2.0000],
+            [3.0000, 4.0000, 0.0000]])
+
+    ```
+    """
+
+    pad_token_id: int = 0
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not examples or "input_ids" not in examples[0] or "loss_mask" not in examples[0]:
+            raise ValueError(
+                "DataCollatorForEagle3 needs a non-empty list of examples with 'input_ids' and 'loss_mask'."
+            )
+        lengths = [len(example["input_ids"]) for example in examples]
+        width = max(lengths)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        batch = {key: self._pad_column(examples, key, lengths, width) for key in examples[0]}
+        batch["input_ids"], batch["loss_mask"] = batch["input_ids"].long(), batch["loss_mask"].long()
+        batch["attention_mask"] = (torch.arange(width) < torch.tensor(lengths)[:, None]).long()
+        return batch
+
+    def _pad_column(self, examples: list[dict[str, Any]], key: str, lengths: list[int], width: int) -> torch.Tensor:
+        """Stack one per-token column into `[B, width, ...]`, padding with `pad_token_id` (input_ids) or 0."""
+        try:
+            rows = [torch.as_tensor(example[key]) for example in examples]
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(f"Column {key!r} is not numeric; remove it before collating.") from error
+        for row, length in zip(rows, lengths):
+            if row.ndim == 0 or row.shape[0] != length:
+                raise ValueError(
+                    f"Column {key!r} has shape {tuple(row.shape)} in a row whose input_ids has length "
+                    f"{length}; only per-token columns (first axis = sequence) can be collated."
+                )
+        padded = rows[0].new_full(
+            (len(rows), width, *rows[0].shape[1:]), self.pad_token_id if key == "input_ids" else 0
+        )
+        for index, row in enumerate(rows):
+            padded[index, : row.shape[0]] = row
+        return padded

