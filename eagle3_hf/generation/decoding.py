@@ -1,0 +1,313 @@
+"""`eagle3_generate`: EAGLE-3 speculative decoding with an EAGLE-2 dynamic draft tree, as a `generate()` callable.
+
+Each round the draft head grows a tree from the last token (`drafter.py`), the target verifies the whole tree in
+one forward (`verify.py`), the longest acceptable path plus one bonus token is emitted (`tree.py`), and the target's
+KV cache keeps exactly the accepted path (`kv_cache.py`). The output is what `target.generate()` alone would
+produce: bit-identical tokens under greedy decoding, the same distribution under sampling.
+
+Usage, after `import eagle3_hf`:
+
+    target.generate(input_ids, assistant_model=draft, max_new_tokens=128)            # tree decoding
+    target.generate(input_ids, custom_generate=eagle3_generate, draft_model=draft)   # the same, explicitly
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.cache_utils import DynamicCache
+from transformers.generation import GenerateDecoderOnlyOutput, LogitsProcessorList, StoppingCriteriaList
+
+from ..modeling_eagle3 import Eagle3DraftModel
+from ..target import gather_target_features
+from .drafter import TreeDrafter
+from .kv_cache import keep_tree_entries
+from .tree import DraftTree, greedy_accept, sample_accept
+from .verify import check_tree_attention, check_tree_cache, process_tree_logits, verify_tree
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """Shape of the draft tree.
+
+    Args:
+        total_tokens (`int`): nodes verified per round, root included (EAGLE's `total_token`).
+        depth (`int`): levels below the root, i.e. the most draft tokens one round can accept (EAGLE's
+            `depth + 1`: its `depth` counts the expansions after the first level).
+        top_k (`int`): children proposed per expanded node, and nodes expanded per level.
+    """
+
+    total_tokens: int
+    depth: int
+    top_k: int
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes a tree of this depth and width can hold: `1 + top_k + (depth - 1) * top_k**2`."""
+        return 1 + self.top_k + (self.depth - 1) * self.top_k**2
+
+
+# Chosen from scripts/measure_round_overhead.py on a 2-core CPU (see docs/decoding.md): on CPU one verified node
+# is not free, so a small, fairly deep tree wins. GPUs afford EAGLE's 60 / 6 / 10.
+DEFAULT_TREE = TreeSettings(total_tokens=16, depth=5, top_k=4)
+
+
+def resolve_tree_settings(
+    draft: Eagle3DraftModel, total_tokens: int | None, depth: int | None, top_k: int | None
+) -> TreeSettings:
+    """Per-call values, else the draft's `generation_config.tree_*` attributes, else `DEFAULT_TREE`.
+
+    `total_tokens` is capped at what `depth` and `top_k` can produce.
+    """
+    draft_config = getattr(draft, "generation_config", None)
+    values = {}
+    for name, value in (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)):
+        if value is None:
+            value = getattr(draft_config, f"tree_{name}", None)
+        if value is None:
+            value = getattr(DEFAULT_TREE, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"tree_{name} must be a positive int, got {value!r}.")
+        values[name] = value
+    settings = TreeSettings(**values)
+    return TreeSettings(min(settings.total_tokens, settings.max_nodes), settings.depth, settings.top_k)
+
+
+@dataclass
+class Eagle3GenerateOutput(GenerateDecoderOnlyOutput):
+    """[`~generation.GenerateDecoderOnlyOutput`] plus what the tree decoding did.
+
+    Args:
+        num_accepted_tokens (`torch.LongTensor` of shape `(num_rounds,)`):
+            Tokens each verification round produced, accepted draft tokens **plus the bonus token** (before any
+            cut by the stopping criteria), so `tau = num_accepted_tokens.float().mean()`. The first new token comes
+            from the prefill and belongs to no round.
+        draft_trees (`tuple[DraftTree]`, *optional*, returned with `output_draft_trees=True`):
+            The tree verified in each round (on CPU).
+        accepted_paths (`tuple[torch.LongTensor]`, *optional*, returned with `output_draft_trees=True`):
+            Per round, the accepted node indices of that round's tree, root first.
+    """
+
+    num_accepted_tokens: torch.LongTensor | None = None
+    draft_trees: tuple[DraftTree, ...] | None = None
+    accepted_paths: tuple[torch.LongTensor, ...] | None = None
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verification round (the paper's acceptance length), `nan` when no round ran."""
+        return float(self.num_accepted_tokens.float().mean())
+
+
+def prepare_draft(draft: Eagle3DraftModel, target: PreTrainedModel) -> Eagle3DraftModel:
+    """Attach the target's embedding when the draft has none, and move/cast it to the target's device and dtype."""
+    if not isinstance(draft, Eagle3DraftModel):
+        raise TypeError(f"draft_model must be an Eagle3DraftModel, got {type(draft).__name__}.")
+    if not draft.has_embedding:
+        draft.attach_target(target)
+    text_config = target.config.get_text_config()
+    if draft.config.vocab_size != text_config.vocab_size:
+        raise ValueError(
+            f"The draft's vocab_size={draft.config.vocab_size} differs from the target's {text_config.vocab_size}."
+        )
+    if draft.config.target_layer_ids[-1] >= text_config.num_hidden_layers:
+        raise ValueError(
+            f"The draft's target_layer_ids={draft.config.target_layer_ids} do not fit a target with "
+            f"{text_config.num_hidden_layers} layers."
+        )
+    output_embeddings = target.get_output_embeddings()
+    device = output_embeddings.weight.device if output_embeddings is not None else target.device
+    if draft.fc.weight.device != device or draft.fc.weight.dtype != target.dtype:
+        draft.to(device=device, dtype=target.dtype)
+    return draft
+
+
+def _check_request(
+    model: PreTrainedModel, input_ids: torch.LongTensor, generation_config: GenerationConfig, model_kwargs: dict
+) -> None:
+    """Clear errors for what tree decoding does not do."""
+    if model.config.is_encoder_decoder:
+        raise ValueError("EAGLE-3 tree decoding supports decoder-only causal LMs only.")
+    if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
+        raise ValueError("EAGLE-3 tree decoding does not support num_beams > 1 or num_return_sequences > 1.")
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"EAGLE-3 tree decoding supports batch size 1 only, got input_ids of shape {tuple(input_ids.shape)}; "
+            "call generate once per prompt."
+        )
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError("EAGLE-3 tree decoding cannot return attentions or hidden states (output_* flags).")
+    unknown = set(model_kwargs) - {"attention_mask", "cache", "logits_to_keep", "position_ids", "use_cache"}
+    if unknown:
+        raise ValueError(f"EAGLE-3 tree decoding does not support these generate() arguments: {sorted(unknown)}.")
+    check_tree_attention(model)
+    cache = model_kwargs.get("cache")
+    if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
+        raise ValueError("EAGLE-3 tree decoding needs a fresh, empty DynamicCache (or none).")
+
+
+def eagle3_generate(
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    draft_model: Eagle3DraftModel | None = None,
+    tree_total_tokens: int | None = None,
+    tree_depth: int | None = None,
+    tree_top_k: int | None = None,
+    eagle3_streamer=None,
+    output_draft_trees: bool = False,
+    **model_kwargs,
+) -> Eagle3GenerateOutput | torch.LongTensor:
+    r"""EAGLE-3 tree decoding; pass as `target.generate(input_ids, custom_generate=eagle3_generate, draft_model=d)`.
+
+    `generate()` prepares the generation config, logits processors, stopping criteria and cache; this loop honours
+    greedy and sampling (temperature, top-k, top-p and every logits processor, applied to each tree node with that
+    node's own prefix), `max_new_tokens` / `max_length`, any `eos_token_id`(s) and stopping criteria (checked after
+    every emitted token) and `return_dict_in_generate` (with `output_scores` / `output_logits`).
+
+    Args:
+        draft_model ([`Eagle3DraftModel`]): the draft head. Its embedding is attached from the target when
+            missing; it is moved and cast to the target's (last) device and dtype when they differ.
+        tree_total_tokens (`int`, *optional*): nodes verified per round, root included.
+        tree_depth (`int`, *optional*): levels below the root (most draft tokens accepted per round).
+        tree_top_k (`int`, *optional*): children per expanded node and nodes expanded per level.
+            The three default to the draft's `generation_config.tree_*` attributes, then to `DEFAULT_TREE`.
+        eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
+            (`generate()` drops `streamer` before calling a custom callable, hence the name.)
+        output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
+
+    Returns:
+        `torch.LongTensor` of shape `(1, length)`, or [`Eagle3GenerateOutput`] with `return_dict_in_generate=True`.
+    """
+    if draft_model is None:
+        raise ValueError("eagle3_generate needs `draft_model=` (generate() drops `assistant_model` for callables).")
+    _check_request(model, input_ids, generation_config, model_kwargs)
+    settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k)
+    draft = prepare_draft(draft_model, model)
+    decoder = _TreeDecoder(
+        model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer
+    )
+    with torch.no_grad():
+        output = decoder.run(input_ids, model_kwargs, output_draft_trees)
+    return output if generation_config.return_dict_in_generate else output.sequences
+
+
+class _TreeDecoder:
+    """The state of one `eagle3_generate` call: sequence, caches, positions and what to report."""
+
+    def __init__(self, model, draft, settings, logits_processor, stopping_criteria, generation_config, streamer):
+        self.model, self.settings, self.streamer = model, settings, streamer
+        self.drafter = TreeDrafter(draft, settings.top_k)
+        self.layer_ids = list(draft.config.target_layer_ids)
+        self.processors, self.stopping = logits_processor, stopping_criteria
+        self.config = generation_config
+        keep_scores = generation_config.return_dict_in_generate
+        self.scores = [] if keep_scores and generation_config.output_scores else None
+        self.raw_logits = [] if keep_scores and generation_config.output_logits else None
+        self.accepted, self.trees, self.paths = [], [], []
+
+    def run(self, input_ids: torch.LongTensor, model_kwargs: dict, output_draft_trees: bool) -> Eagle3GenerateOutput:
+        input_device = input_ids.device
+        self.sequences = input_ids.to(self.model.device)
+        if self.streamer is not None:
+            self.streamer.put(input_ids.cpu())
+        cache = model_kwargs.get("cache")
+        cache = DynamicCache(config=self.model.config) if cache is None else cache
+        stopped = self._prefill(cache, model_kwargs)
+        if not stopped:
+            check_tree_cache(cache)
+            cache.activate_past_recording()  # sliding layers keep their past until `keep_tree_entries` trims it
+        while not stopped:
+            stopped = self._round(cache, output_draft_trees)
+        if self.streamer is not None:
+            self.streamer.end()
+        return Eagle3GenerateOutput(
+            sequences=self.sequences.to(input_device),
+            scores=tuple(self.scores) if self.scores is not None else None,
+            logits=tuple(self.raw_logits) if self.raw_logits is not None else None,
+            cache=cache,
+            num_accepted_tokens=torch.tensor(self.accepted, dtype=torch.long),
+            draft_trees=tuple(self.trees) if output_draft_trees else None,
+            accepted_paths=tuple(self.paths) if output_draft_trees else None,
+        )
+
+    def _prefill(self, cache: DynamicCache, model_kwargs: dict) -> bool:
+        """Target forward over the prompt; choose the first token; encode the prompt into the draft."""
+        attention_mask = model_kwargs.get("attention_mask")
+        position_ids = model_kwargs.get("position_ids")
+        length = self.sequences.shape[1]
+        self.padding = None if attention_mask is None else attention_mask[0].to(self.model.device).bool()
+        outputs = self.model(
+            input_ids=self.sequences,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=self.layer_ids,
+            logits_to_keep=1,
+        )
+        self.position = int(position_ids[0, -1]) + 1 if position_ids is not None else length
+        logits = outputs.logits[:, -1].float()
+        scores = self.processors(self.sequences, logits)
+        if self.config.do_sample:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[0]
+        else:
+            token = scores.argmax(dim=-1)
+        stopped, _ = self._emit(token, scores, logits)
+        if not stopped:
+            features = gather_target_features(outputs.hidden_states, self.layer_ids)
+            self.drafter.extend(self.sequences[:, 1:], features, keep=self.padding)
+        return stopped
+
+    def _round(self, cache: DynamicCache, output_draft_trees: bool) -> bool:
+        """Draft a tree, verify it, accept a path and a bonus token, compact the cache, update the draft."""
+        remaining = self.config.max_length - self.sequences.shape[1]
+        depth = max(0, min(self.settings.depth, remaining - 1))  # deeper nodes could never be emitted
+        tree = self.drafter.grow(self.sequences[0, -1], depth, self.settings.total_tokens).to(self.model.device)
+        padding = self._padding(cache.get_seq_length())
+        logits, features = verify_tree(self.model, tree, cache, self.position, self.layer_ids, padding)
+        scores = process_tree_logits(self.processors, self.sequences, tree, logits)
+        if self.config.do_sample:
+            path, bonus = sample_accept(tree, torch.softmax(scores, dim=-1))
+        else:
+            path, bonus = greedy_accept(tree, scores.argmax(dim=-1))
+        new_tokens = torch.cat([tree.tokens[path[1:]], bonus.reshape(1)])
+        self.accepted.append(new_tokens.shape[0])
+        if output_draft_trees:
+            self.trees.append(tree.to("cpu"))
+            self.paths.append(path.cpu())
+        stopped, emitted = self._emit(new_tokens, scores[path], logits[path])
+        keep_tree_entries(cache, tree.num_nodes, path[:emitted])
+        self.position += emitted
+        if not stopped:
+            self.drafter.extend(new_tokens[None], features[path][None])
+        return stopped
+
+    def _emit(self, tokens: torch.LongTensor, scores: torch.Tensor, logits: torch.Tensor) -> tuple[bool, int]:
+        """Append `tokens` one at a time, checking the stopping criteria after each, as plain `generate` does.
+
+        Returns `(stopped, number of tokens appended)`. `scores` / `logits` `(len(tokens), V)` are the rows that
+        produced each token, recorded when `output_scores` / `output_logits` ask for them.
+        """
+        emitted, stopped = 0, False
+        for token in tokens:
+            self.sequences = torch.cat([self.sequences, token.reshape(1, 1)], dim=1)
+            emitted += 1
+            if bool(self.stopping(self.sequences, None).any()):
+                stopped = True
+                break
+        if self.scores is not None:
+            self.scores.extend(row[None] for row in scores[:emitted])
+        if self.raw_logits is not None:
+            self.raw_logits.extend(row[None] for row in logits[:emitted])
+        if self.streamer is not None:
+            self.streamer.put(tokens[:emitted].cpu())
+        return stopped, emitted
+
+    def _padding(self, cached_length: int) -> torch.BoolTensor | None:
+        """Padding flags of the cached positions (only the prompt can contain padding)."""
+        if self.padding is None:
+            return None
+        extra = torch.ones(cached_length - self.padding.shape[0], dtype=torch.bool, device=self.padding.device)
+        return torch.cat([self.padding, extra])

@@ -1,0 +1,316 @@
+"""EAGLE-2 dynamic draft trees as plain tensors: selection, masks, positions, paths and acceptance.
+
+No `nn.Module` and no model state lives here. A tree of `N` nodes is described by four tensors (node 0 is the
+root, i.e. the last token already chosen; the other nodes are draft tokens in topological order, every parent
+before its children, siblings in draft-rank order):
+
+    tokens    [N]     target-vocabulary ids
+    parents   [N]     index of the parent node, -1 for the root
+    depths    [N]     0 for the root, parent depth + 1 otherwise
+    ancestors [N, N]  ancestors[i, j] is True iff j is i or an ancestor of i (the tree attention pattern)
+
+For the tree `0 -> {1, 2}`, `1 -> {3}`:
+
+    parents = [-1, 0, 0, 1]      ancestors = 1 0 0 0
+    depths  = [ 0, 1, 1, 2]                  1 1 0 0
+                                             1 0 1 0
+                                             1 1 0 1
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """A draft tree (see the module docstring for the layout).
+
+    Args:
+        tokens (`torch.LongTensor` of shape `(N,)`): node tokens, root first.
+        parents (`torch.LongTensor` of shape `(N,)`): parent index per node, -1 for the root.
+        depths (`torch.LongTensor` of shape `(N,)`): depth per node, 0 for the root.
+        ancestors (`torch.BoolTensor` of shape `(N, N)`): `ancestors[i, j]` iff `j` is `i` or an ancestor of `i`.
+        scores (`torch.FloatTensor` of shape `(N,)`): cumulative draft log-probability, 0 for the root.
+    """
+
+    tokens: torch.LongTensor
+    parents: torch.LongTensor
+    depths: torch.LongTensor
+    ancestors: torch.BoolTensor
+    scores: torch.FloatTensor
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[0]
+
+    def to(self, device: torch.device | str) -> "DraftTree":
+        return DraftTree(
+            *(t.to(device) for t in (self.tokens, self.parents, self.depths, self.ancestors, self.scores))
+        )
+
+
+def ancestor_matrix(parents: torch.LongTensor) -> tuple[torch.BoolTensor, torch.LongTensor]:
+    """Ancestor matrix and depths from a topologically sorted parent vector, by pointer jumping.
+
+    Loops over the tree height, never over nodes.
+
+    Args:
+        parents (`torch.LongTensor` of shape `(N,)`): parent index, -1 for the root (node 0).
+
+    Returns:
+        `(ancestors, depths)`: `(N, N)` bool with the diagonal set, and `(N,)` long.
+
+    Example:
+        >>> anc, depths = ancestor_matrix(torch.tensor([-1, 0, 0, 1]))
+        >>> anc.int().tolist(), depths.tolist()
+        ([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], [0, 1, 1, 2])
+    """
+    num_nodes = parents.shape[0]
+    rows = torch.arange(num_nodes, device=parents.device)
+    ancestors = torch.eye(num_nodes, dtype=torch.bool, device=parents.device)
+    depths = torch.zeros(num_nodes, dtype=torch.long, device=parents.device)
+    current = parents.clone()
+    while bool((current >= 0).any()):
+        valid = current >= 0
+        ancestors[rows[valid], current[valid]] = True
+        depths += valid.long()
+        current = torch.where(valid, parents[current.clamp(min=0)], current)
+    return ancestors, depths
+
+
+def build_tree(
+    root_token: torch.LongTensor,
+    candidate_tokens: torch.LongTensor,
+    candidate_scores: torch.FloatTensor,
+    candidate_parents: torch.LongTensor,
+    num_nodes: int,
+) -> DraftTree:
+    """EAGLE-2 rerank: keep the `num_nodes - 1` best candidates by cumulative log-probability, plus the root.
+
+    Candidates are recorded level by level, so a parent always has a smaller flat index than its children. A
+    child's score never exceeds its parent's (log-probabilities are <= 0), and a *stable* descending sort breaks
+    ties by flat index, so the kept set always contains every kept node's ancestors. Kept nodes are ordered by
+    flat index: topological, and siblings stay in draft-rank order.
+
+    Args:
+        root_token (`torch.LongTensor` of shape `()` or `(1,)`): the root (last chosen) token.
+        candidate_tokens (`torch.LongTensor` of shape `(M,)`): target-vocabulary ids of all drafted candidates.
+        candidate_scores (`torch.FloatTensor` of shape `(M,)`): cumulative draft log-probabilities.
+        candidate_parents (`torch.LongTensor` of shape `(M,)`): flat index of each candidate's parent, -1 for
+            children of the root.
+        num_nodes (`int`): tree size including the root; at most `M + 1` nodes are kept.
+
+    Returns:
+        [`DraftTree`] with `min(num_nodes, M + 1)` nodes.
+    """
+    device = candidate_tokens.device
+    keep = min(num_nodes - 1, candidate_tokens.shape[0])
+    order = torch.sort(candidate_scores, descending=True, stable=True).indices[:keep]
+    selected = torch.sort(order).values  # [keep] flat indices, topological order
+    # flat candidate index -> node index (root is node 0)
+    node_of = torch.full((candidate_tokens.shape[0],), -1, dtype=torch.long, device=device)
+    node_of[selected] = torch.arange(1, keep + 1, device=device)
+    flat_parents = candidate_parents[selected]
+    parents = torch.where(flat_parents < 0, 0, node_of[flat_parents.clamp(min=0)])
+    parents = torch.cat([torch.tensor([-1], device=device), parents])
+    tokens = torch.cat([root_token.reshape(1).to(device), candidate_tokens[selected]])
+    scores = torch.cat([torch.zeros(1, device=device, dtype=candidate_scores.dtype), candidate_scores[selected]])
+    ancestors, depths = ancestor_matrix(parents)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores)
+
+
+def prune_tree(tree: DraftTree, max_depth: int) -> DraftTree:
+    """Drop the nodes deeper than `max_depth` (e.g. when fewer tokens may still be generated than the tree is deep)."""
+    keep = tree.depths <= max_depth
+    if bool(keep.all()):
+        return tree
+    index = torch.nonzero(keep).flatten()
+    new_index = torch.cumsum(keep.long(), 0) - 1  # old node index -> new node index (valid where kept)
+    parents = tree.parents[index]
+    parents = torch.where(parents < 0, parents, new_index[parents.clamp(min=0)])
+    return DraftTree(
+        tokens=tree.tokens[index],
+        parents=parents,
+        depths=tree.depths[index],
+        ancestors=tree.ancestors[index][:, index],
+        scores=tree.scores[index],
+    )
+
+
+def tree_position_ids(tree: DraftTree, start: int) -> torch.LongTensor:
+    """RoPE positions of the tree nodes, `(1, N)`: the root sits at `start`, a node at `start + depth`."""
+    return (tree.depths + start).unsqueeze(0)
+
+
+def tree_visibility(
+    ancestors: torch.BoolTensor,
+    depths: torch.LongTensor,
+    num_past: int,
+    past_offset: int,
+    tree_offset: int,
+    sliding_window: int | None = None,
+    past_keep: torch.BoolTensor | None = None,
+) -> torch.BoolTensor:
+    """Which keys each tree node may attend to: every past key plus its own ancestors and itself.
+
+    Key columns are `num_past` cached keys at absolute cache indices `past_offset .. past_offset + num_past - 1`,
+    then the `N` tree nodes. Node `i` sits at absolute index `tree_offset + depths[i]`. With `sliding_window`, a
+    key is visible only if it is less than `sliding_window` positions behind the query, as in Transformers'
+    sliding-window layers (which keep `sliding_window - 1` past keys).
+
+    Args:
+        ancestors (`torch.BoolTensor` of shape `(N, N)`), depths (`torch.LongTensor` of shape `(N,)`): the tree.
+        num_past (`int`): number of cached key columns in front of the tree.
+        past_offset (`int`): absolute index of the first cached column.
+        tree_offset (`int`): absolute index of the root.
+        sliding_window (`int`, *optional*): window size of the layer, `None` for full attention.
+        past_keep (`torch.BoolTensor` of shape `(num_past,)`, *optional*): False for padding columns.
+
+    Returns:
+        `torch.BoolTensor` of shape `(N, num_past + N)`.
+
+    Example (window 3, two cached keys at indices 4 and 5, chain root -> 1 -> 2 at indices 6, 7, 8):
+        >>> anc, d = ancestor_matrix(torch.tensor([-1, 0, 1]))
+        >>> tree_visibility(anc, d, num_past=2, past_offset=4, tree_offset=6, sliding_window=3).int().tolist()
+        [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    """
+    num_nodes = depths.shape[0]
+    device = depths.device
+    past = torch.ones(num_nodes, num_past, dtype=torch.bool, device=device)
+    if past_keep is not None:
+        past = past & past_keep.to(device)[None, :]
+    if sliding_window is not None:
+        query_index = tree_offset + depths  # [N]
+        past_index = past_offset + torch.arange(num_past, device=device)  # [num_past]
+        past = past & (query_index[:, None] - past_index[None, :] < sliding_window)
+        ancestors = ancestors & (depths[:, None] - depths[None, :] < sliding_window)
+    return torch.cat([past, ancestors], dim=1)
+
+
+def additive_mask(visible: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float additive attention mask `(1, 1, q, kv)`: 0 where visible, the dtype's minimum elsewhere.
+
+    Float, not bool: eager attention *adds* the mask, so a bool mask would be silently wrong there.
+    """
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def retrieve_paths(tree: DraftTree) -> torch.LongTensor:
+    """Root-to-leaf paths, `(num_leaves, max_depth + 1)`, node indices padded with -1, leaves in node order.
+
+    Example:
+        >>> anc, depths = ancestor_matrix(torch.tensor([-1, 0, 0, 1]))
+        >>> tree = DraftTree(torch.arange(4), torch.tensor([-1, 0, 0, 1]), depths, anc, torch.zeros(4))
+        >>> retrieve_paths(tree).tolist()
+        [[0, 2, -1], [0, 1, 3]]
+    """
+    num_nodes = tree.num_nodes
+    is_parent = torch.zeros(num_nodes, dtype=torch.bool, device=tree.tokens.device)
+    is_parent[tree.parents[tree.parents >= 0]] = True
+    leaves = torch.nonzero(~is_parent).flatten()
+    paths = torch.full((leaves.shape[0], int(tree.depths.max()) + 1), -1, dtype=torch.long, device=leaves.device)
+    leaf_row, node = torch.nonzero(tree.ancestors[leaves], as_tuple=True)
+    paths[leaf_row, tree.depths[node]] = node
+    return paths
+
+
+def path_to(tree: DraftTree, node: int) -> torch.LongTensor:
+    """Node indices from the root to `node` (inclusive), `(depth + 1,)`; node order is depth order."""
+    return torch.nonzero(tree.ancestors[node]).flatten()
+
+
+def node_sequences(prefix: torch.LongTensor, tree: DraftTree, depth: int) -> tuple[torch.LongTensor, torch.Tensor]:
+    """The token sequence each node at `depth` continues: the prefix (which ends with the root) plus its path.
+
+    Args:
+        prefix (`torch.LongTensor` of shape `(1, L)`): the sequence so far; its last token is the root.
+        tree ([`DraftTree`]): the tree.
+        depth (`int`): which level.
+
+    Returns:
+        `(nodes, sequences)`: node indices `(n,)` at that depth and their sequences `(n, L + depth)`.
+    """
+    nodes = torch.nonzero(tree.depths == depth).flatten()
+    path_tokens = torch.empty(nodes.shape[0], depth, dtype=tree.tokens.dtype, device=tree.tokens.device)
+    if depth > 0:
+        rows, cols = torch.nonzero(tree.ancestors[nodes], as_tuple=True)
+        not_root = tree.depths[cols] > 0
+        path_tokens[rows[not_root], tree.depths[cols[not_root]] - 1] = tree.tokens[cols[not_root]]
+    sequences = torch.cat([prefix.expand(nodes.shape[0], -1), path_tokens.to(prefix.device)], dim=1)
+    return nodes, sequences
+
+
+def greedy_accept(tree: DraftTree, choices: torch.LongTensor) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Longest path whose every draft token equals the target's choice at its parent.
+
+    Siblings carry distinct tokens, so at most one child of a node can match: the accepted path is unique.
+
+    Args:
+        tree ([`DraftTree`]): the verified tree.
+        choices (`torch.LongTensor` of shape `(N,)`): the target's (processed) argmax at every node.
+
+    Returns:
+        `(path, bonus)`: accepted node indices root first `(acc + 1,)`, and the bonus token `()` (the target's
+        choice at the last accepted node).
+
+    Example (the target picks 7 after the root and 9 after node 1; node 2 is wrong, node 3 right):
+        >>> anc, depths = ancestor_matrix(torch.tensor([-1, 0, 0, 1]))
+        >>> tree = DraftTree(torch.tensor([5, 7, 8, 9]), torch.tensor([-1, 0, 0, 1]), depths, anc, torch.zeros(4))
+        >>> path, bonus = greedy_accept(tree, torch.tensor([7, 9, 1, 4]))
+        >>> path.tolist(), bonus.item()
+        ([0, 1, 3], 4)
+    """
+    correct = torch.ones_like(tree.tokens, dtype=torch.bool)
+    correct[1:] = tree.tokens[1:] == choices[tree.parents[1:]]
+    accepted = ~(tree.ancestors & ~correct[None, :]).any(dim=1)  # every node on the path is correct
+    best = torch.argmax(torch.where(accepted, tree.depths, -1))
+    return path_to(tree, int(best)), choices[best]
+
+
+def sample_accept(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Lossless speculative sampling over a tree with a deterministic (top-k) draft, i.e. `q(x) = 1`.
+
+    From the current node, its children are tried in draft-rank order: child `c` is accepted with probability
+    `p(c)` under the current distribution `p`; a rejected child is zeroed and `p` renormalised before the next
+    sibling. If every child is rejected, the bonus token is drawn from the residual `p`; at a leaf it is drawn
+    from the leaf's distribution. Each emitted token is therefore distributed exactly as the target's
+    (processed) next-token distribution given the accepted prefix (SpecInfer / EAGLE multi-draft rule).
+
+    Args:
+        tree ([`DraftTree`]): the verified tree.
+        probs (`torch.FloatTensor` of shape `(N, V)`): the target's processed next-token distribution per node.
+
+    Returns:
+        `(path, bonus)`: accepted node indices root first `(acc + 1,)`, and the bonus token `()`.
+    """
+    tokens = tree.tokens.tolist()
+    children_of: list[list[int]] = [[] for _ in tokens]
+    for child, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        children_of[parent].append(child)  # node order = draft-rank order among siblings
+    node, path = 0, [0]
+    while True:
+        children = children_of[node]
+        p = probs[node]
+        if not children:
+            return torch.tensor(path, device=tree.tokens.device), torch.multinomial(p, 1)[0]
+        child_tokens = [tokens[c] for c in children]
+        child_probs = p[child_tokens].double().tolist()
+        uniforms = torch.rand(len(children), dtype=torch.float64).tolist()
+        remaining = float(p.double().sum())
+        accepted = None
+        for child, prob, u in zip(children, child_probs, uniforms):
+            if u * remaining < prob:  # u < prob / remaining: acceptance under the renormalised distribution
+                accepted = child
+                break
+            remaining -= prob
+        if accepted is None:
+            residual = p.clone()
+            residual[child_tokens] = 0
+            # All mass on rejected children cannot happen in exact arithmetic (a child holding all the remaining
+            # mass is always accepted); fall back to `p` if rounding leaves nothing.
+            residual = residual if bool(residual.sum() > 0) else p
+            return torch.tensor(path, device=tree.tokens.device), torch.multinomial(residual, 1)[0]
+        node = accepted
+        path.append(node)

@@ -1,0 +1,188 @@
+"""Verify a whole draft tree with one forward of any decoder-only Transformers causal LM.
+
+The tree goes in as `N` new tokens at positions `prefix + depth`, with a float additive 4-D mask that lets each
+node see the cached prefix, its ancestors and itself. Models whose layers all share one attention kind (Llama:
+full; Mistral with `sliding_window`: sliding) get one mask sized for that kind. Models that mix full and sliding
+layers (Gemma3, Qwen2/3 with `use_sliding_window`) take a dict `{"full_attention": ..., "sliding_attention": ...}`,
+which their forward uses as is. Sliding layers see only their window, so their mask has `sliding_window - 1 + N`
+columns once the prefix has filled the window.
+
+The logits processors are then applied to every node with that node's own sequence (`process_tree_logits`).
+"""
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.generation import LogitsProcessorList, logits_process
+
+from ..target import gather_target_features
+from .tree import DraftTree, additive_mask, node_sequences, tree_position_ids, tree_visibility
+
+
+TREE_MASK_BACKENDS = ("sdpa", "eager")
+
+
+def check_tree_attention(model: PreTrainedModel) -> None:
+    """Raise `ValueError` unless `model` uses an attention backend that accepts an arbitrary 4-D float mask."""
+    implementation = model.config._attn_implementation
+    if implementation not in TREE_MASK_BACKENDS:
+        raise ValueError(
+            f"EAGLE-3 tree decoding verifies the draft tree with a 4-D attention mask, which the "
+            f"{implementation!r} attention backend of {type(model).__name__} cannot take (flash-attention keeps only "
+            f"a 2-D padding mask). Load the target with attn_implementation='sdpa' or 'eager', or call "
+            f"model.set_attn_implementation('sdpa')."
+        )
+
+
+def check_tree_cache(cache: Cache) -> None:
+    """Raise `TypeError` unless every layer of `cache` is a plain dynamic (full or sliding-window) layer."""
+    for index, layer in enumerate(cache.layers):
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise TypeError(
+                f"EAGLE-3 tree decoding needs a DynamicCache of full or sliding-window layers; layer {index} is a "
+                f"{type(layer).__name__}. Do not pass cache_implementation= or a static/quantized/offloaded cache."
+            )
+
+
+def _layer_mask(
+    layer: DynamicLayer, tree: DraftTree, dtype: torch.dtype, padding: torch.BoolTensor | None
+) -> torch.Tensor:
+    """The `(1, 1, N, kv)` float mask for one cache layer, sized as the layer's `get_mask_sizes` says."""
+    num_nodes = tree.num_nodes
+    kv_length, kv_offset = layer.get_mask_sizes(num_nodes)
+    num_past = kv_length - num_nodes
+    sliding_window = layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
+    past_keep = None if padding is None else padding[kv_offset : kv_offset + num_past]
+    visible = tree_visibility(
+        tree.ancestors,
+        tree.depths,
+        num_past=num_past,
+        past_offset=kv_offset,
+        tree_offset=layer.get_seq_length(),
+        sliding_window=sliding_window,
+        past_keep=past_keep,
+    )
+    return additive_mask(visible, dtype)
+
+
+def tree_attention_masks(
+    cache: Cache, tree: DraftTree, dtype: torch.dtype, padding: torch.BoolTensor | None = None
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Tree masks for the next forward on `cache`: one tensor, or a dict by layer type for mixed models.
+
+    Args:
+        cache (`Cache`): the target's cache *before* the tree forward (its layers must exist).
+        tree ([`DraftTree`]): the tree (on the model's device).
+        dtype (`torch.dtype`): the model's dtype.
+        padding (`torch.BoolTensor` of shape `(cached_length,)`, *optional*): False at padding positions.
+    """
+    masks = {}
+    for layer in cache.layers:
+        kind = "sliding_attention" if isinstance(layer, DynamicSlidingWindowLayer) else "full_attention"
+        if kind not in masks:
+            masks[kind] = _layer_mask(layer, tree, dtype, padding)
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+@torch.no_grad()
+def verify_tree(
+    model: PreTrainedModel,
+    tree: DraftTree,
+    cache: Cache,
+    position_start: int,
+    layer_ids: list[int],
+    padding: torch.BoolTensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One target forward over all tree nodes; appends their `N` KV entries to `cache`.
+
+    Args:
+        model (`PreTrainedModel`): the target causal LM (sdpa or eager attention).
+        tree ([`DraftTree`]): the tree, root first, on the model's device.
+        cache (`Cache`): the target's cache holding every token before the root.
+        position_start (`int`): RoPE position of the root.
+        layer_ids (`list[int]`): EAGLE layer ids (= `hidden_states` indices) of the features to capture.
+        padding (`torch.BoolTensor` of shape `(cache length,)`, *optional*): False at padding positions.
+
+    Returns:
+        `(logits, features)`: float32 logits `(N, vocab_size)` at every node, and target features
+        `(N, len(layer_ids) * hidden_size)`.
+    """
+    mask = tree_attention_masks(cache, tree, model.dtype, padding)
+    outputs = model(
+        input_ids=tree.tokens[None],
+        attention_mask=mask,
+        position_ids=tree_position_ids(tree, position_start),
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=list(layer_ids),
+        logits_to_keep=0,  # the input is only the tree: every row is needed
+    )
+    features = gather_target_features(outputs.hidden_states, layer_ids)[0]
+    return outputs.logits[0].float(), features
+
+
+# Processors that treat every row independently, so one call can score all nodes of a tree level at once. Any
+# other processor is called node by node (still correct as long as it is stateless, as assisted decoding assumes).
+_ROW_WISE_PROCESSORS = frozenset(
+    {
+        logits_process.MinLengthLogitsProcessor,
+        logits_process.MinNewTokensLengthLogitsProcessor,
+        logits_process.TemperatureLogitsWarper,
+        logits_process.RepetitionPenaltyLogitsProcessor,
+        logits_process.TopPLogitsWarper,
+        logits_process.TopKLogitsWarper,
+        logits_process.MinPLogitsWarper,
+        logits_process.TypicalLogitsWarper,
+        logits_process.EpsilonLogitsWarper,
+        logits_process.EtaLogitsWarper,
+        logits_process.NoRepeatNGramLogitsProcessor,
+        logits_process.SequenceBiasLogitsProcessor,
+        logits_process.NoBadWordsLogitsProcessor,
+        logits_process.ForcedBOSTokenLogitsProcessor,
+        logits_process.ForcedEOSTokenLogitsProcessor,
+        logits_process.InfNanRemoveLogitsProcessor,
+        logits_process.ExponentialDecayLengthPenalty,
+        logits_process.LogitNormalization,
+        logits_process.SuppressTokensAtBeginLogitsProcessor,
+        logits_process.SuppressTokensLogitsProcessor,
+    }
+)
+
+
+def _is_row_wise(processor) -> bool:
+    if type(processor) not in _ROW_WISE_PROCESSORS:
+        return False
+    # a per-batch-row tensor of prompt lengths ties the processor to the original batch size
+    return not isinstance(getattr(processor, "prompt_ignore_length", None), torch.Tensor)
+
+
+def process_tree_logits(
+    processors: LogitsProcessorList, prefix: torch.LongTensor, tree: DraftTree, logits: torch.Tensor
+) -> torch.Tensor:
+    """Apply the logits processors to every node, each with its own sequence (prefix + path to the node).
+
+    Processors that read the sequence (repetition penalty, n-gram blocking, min length, ...) thus see exactly what
+    plain `generate` would show them at that point. Nodes of one depth share a length and are processed in one
+    call when every processor is row-wise; otherwise node by node.
+
+    Args:
+        processors (`LogitsProcessorList`): as prepared by `generate()`.
+        prefix (`torch.LongTensor` of shape `(1, L)`): the sequence so far, ending with the root.
+        tree ([`DraftTree`]): the verified tree.
+        logits (`torch.FloatTensor` of shape `(N, V)`): the target's raw logits per node.
+
+    Returns:
+        `torch.FloatTensor` of shape `(N, V)`: processed scores.
+    """
+    if len(processors) == 0:
+        return logits
+    row_wise = all(_is_row_wise(p) for p in processors)
+    scores = torch.empty_like(logits)
+    for depth in range(int(tree.depths.max()) + 1):
+        nodes, sequences = node_sequences(prefix, tree, depth)
+        if row_wise:
+            scores[nodes] = processors(sequences, logits[nodes])
+            continue
+        for row, node in enumerate(nodes.tolist()):
+            scores[node] = processors(sequences[row : row + 1], logits[node : node + 1])[0]
+    return scores

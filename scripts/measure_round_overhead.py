@@ -1,0 +1,174 @@
+"""Cost of one EAGLE-3 tree round against one plain decoding step, on SmolLM2-135M-Instruct.
+
+A round is everything the tree loop does per verification: grow the draft tree, verify it with one target
+forward, apply the logits processors, accept, compact the target cache and encode the accepted tokens into the
+draft. A plain step is one iteration of stock greedy `generate`. The ratio round / step is the break-even
+acceptance length: a trained head speeds decoding up only if its tau exceeds it.
+
+The head is untrained (`Eagle3DraftModel.from_target`), so nearly every round accepts just the bonus token and
+the loop runs about one round per new token; the cost of a round does not depend on the head's weights, but it
+does depend on the head's vocabulary (its `lm_head` runs once per tree level): `--draft-vocab-size 8192` shows a
+head with a reduced vocabulary, as trained heads usually have.
+
+    .venv/bin/python scripts/measure_round_overhead.py                       # default grid, ~3 minutes on 2 cores
+    .venv/bin/python scripts/measure_round_overhead.py --shapes 16x5x4 --repeats 5
+
+Shapes are `total_tokens x depth x top_k`. Steps and rounds are timed with a streamer (one `put` per plain step,
+one per tree round), so each includes all the per-step work of its loop. Runs are interleaved (plain, then every
+shape, repeated); the fastest step and the fastest round are compared, because other processes on a small machine
+only ever slow a step down (the median is printed too, to show how noisy the machine was).
+"""
+
+import argparse
+import os
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.assets import load_smollm2
+from eagle3_hf.generation import decoding, drafter, original_generate
+
+
+DEFAULT_SHAPES = [f"{total}x{depth}x{top_k}" for total in (8, 16, 24, 32) for depth, top_k in ((3, 4), (5, 4), (6, 6))]
+PARAGRAPH = (
+    "Speculative decoding lets a small draft model propose several tokens that the large target model then checks "
+    "in a single forward pass. When the proposals are right, several tokens are produced for the price of one "
+    "target step; when they are wrong, nothing is lost but the time spent drafting and verifying. "
+)
+
+
+@contextmanager
+def timed(owner, name: str, log: list[float]):
+    """Record the wall time of every call of `owner.name` into `log`."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            log.append(time.perf_counter() - start)
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+class Clock(BaseStreamer):
+    """A streamer that only timestamps `put` calls: once per plain step, once per tree round."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+    def intervals(self, skip_last: int = 0) -> list[float]:
+        """Seconds between consecutive token puts (the prompt and the prefill token are not steps)."""
+        gaps = [b - a for a, b in zip(self.times[1:], self.times[2:])]
+        return gaps[: len(gaps) - skip_last] if skip_last else gaps
+
+
+def plain_step_seconds(target, input_ids, new_tokens: int) -> list[float]:
+    """The time of every step of stock greedy generate."""
+    clock = Clock()
+    original_generate(
+        target, input_ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=clock
+    )
+    return clock.intervals()
+
+
+def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[int, int, int]) -> dict:
+    """The time of every round, and of every part of a round, for one tree shape.
+
+    The last `depth` rounds are left out: near `max_new_tokens` the tree is cut shorter, which makes them cheaper.
+    """
+    total, depth, top_k = shape
+    clock = Clock()
+    logs = {"grow": [], "verify": [], "draft_update": [], "compact": []}
+    with (
+        timed(drafter.TreeDrafter, "grow", logs["grow"]),
+        timed(drafter.TreeDrafter, "extend", logs["draft_update"]),
+        timed(decoding, "verify_tree", logs["verify"]),
+        timed(decoding, "keep_tree_entries", logs["compact"]),
+    ):
+        target.generate(
+            input_ids,
+            assistant_model=draft,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            tree_total_tokens=total,
+            tree_depth=depth,
+            tree_top_k=top_k,
+            streamer=clock,
+        )
+    logs["draft_update"] = logs["draft_update"][1:]  # the first call encodes the prompt (prefill, not a round)
+    timings = {part: values[: len(values) - depth] for part, values in logs.items()}
+    timings["round"] = clock.intervals(skip_last=depth)
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma-separated TOTALxDEPTHxTOPK")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--prompt-words", type=int, default=160, help="length of the user message in words")
+    parser.add_argument(
+        "--draft-vocab-size", type=int, default=None, help="head vocabulary (default: the target's, 49152)"
+    )
+    args = parser.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    target, tokenizer = load_smollm2()
+    overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
+    draft = Eagle3DraftModel.from_target(target, **overrides)
+    words = (PARAGRAPH * 20).split()[: args.prompt_words]
+    message = "Summarise this text in two sentences: " + " ".join(words)
+    input_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
+    print(
+        f"prompt {input_ids.shape[1]} tokens, {args.new_tokens} new tokens, draft vocabulary "
+        f"{draft.config.draft_vocab_size}, torch threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+
+    target.generate(input_ids, assistant_model=draft, max_new_tokens=4)  # warm-up
+    plain, runs = [], {shape: {} for shape in shapes}
+    for _ in range(args.repeats):
+        plain.extend(plain_step_seconds(target, input_ids, args.new_tokens))
+        for shape in shapes:
+            for part, values in tree_round_seconds(target, draft, input_ids, args.new_tokens, shape).items():
+                runs[shape].setdefault(part, []).extend(values)
+    # Other processes only ever slow a step down, so the fastest of many comparable steps (or rounds, or parts)
+    # estimates the undisturbed cost; the median shows how noisy the machine was.
+    step = min(plain)
+    print(f"\nplain greedy step: {step * 1000:.1f} ms fastest, {statistics.median(plain) * 1000:.1f} ms median\n")
+    print("| total x depth x top_k | round ms (median) | round / step | grow | verify | draft update | compact |")
+    print("|---|---|---|---|---|---|---|")
+    for shape in shapes:
+        ms = {part: min(values) * 1000 for part, values in runs[shape].items()}
+        print(
+            f"| {'x'.join(map(str, shape))} | {ms['round']:.1f} ({statistics.median(runs[shape]['round']) * 1000:.0f}) "
+            f"| {ms['round'] / 1000 / step:.2f} | {ms['grow']:.1f} | {ms['verify']:.1f} | {ms['draft_update']:.1f} "
+            f"| {ms['compact']:.2f} |"
+        )
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

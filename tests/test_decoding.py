@@ -1,0 +1,360 @@
+"""The tree decoding loop: greedy equality with plain `generate`, lossless sampling, and the edges of the loop.
+
+Targets are random tiny models made peaked (`sharpen`) like trained LMs; drafts are `OracleDraft`s (the target's
+own next-token logits plus seeded noise), so rounds really accept several tokens, through later siblings too.
+"""
+
+import pytest
+import torch
+from transformers import (
+    Gemma3TextConfig,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+from transformers.generation import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.streamers import BaseStreamer
+
+from eagle3_hf import Eagle3DraftModel, eagle3_generate
+from eagle3_hf.generation import decoding, original_generate
+
+from .conftest import make_tiny_target
+from .oracle_draft import OracleDraft, sharpen
+from .test_tree import biased_sample_accept
+
+
+ARCHITECTURES = {
+    "llama": (LlamaConfig, {}, "sdpa"),
+    "qwen3": (Qwen3Config, {}, "sdpa"),
+    "qwen2-sliding": (Qwen2Config, dict(use_sliding_window=True, sliding_window=8, max_window_layers=4), "sdpa"),
+    "mistral-sliding": (MistralConfig, dict(sliding_window=8), "sdpa"),
+    "gemma3-sliding": (Gemma3TextConfig, dict(sliding_window=8, head_dim=8), "sdpa"),
+    "gemma3-sliding-eager": (Gemma3TextConfig, dict(sliding_window=8, head_dim=8), "eager"),
+}
+
+
+def peaked_target(config_class=LlamaConfig, attn="sdpa", seed=0, **overrides):
+    target = sharpen(make_tiny_target(config_class, seed=seed, attn_implementation=attn, **overrides))
+    target.generation_config.eos_token_id = None  # run to max_new_tokens unless a test asks for an EOS
+    return target
+
+
+def random_prompt(length: int, seed: int, vocab: int = 128) -> torch.LongTensor:
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def tree_generate(target, draft, prompt, noise=0.3, **kwargs):
+    draft.reset(target, prompt, noise=noise, seed=int(prompt.sum()))
+    return target.generate(
+        prompt, assistant_model=draft, return_dict_in_generate=True, output_draft_trees=True, **kwargs
+    )
+
+
+def later_sibling_used(tree, path) -> bool:
+    """Whether the path goes through a child that is not its parent's first (best-ranked) child."""
+    for node in path[1:].tolist():
+        siblings = torch.nonzero(tree.parents == tree.parents[node]).flatten()
+        if node != int(siblings[0]):
+            return True
+    return False
+
+
+def assert_tree_paths_exercised(outputs):
+    rounds = [(tree, path) for out in outputs for tree, path in zip(out.draft_trees, out.accepted_paths)]
+    assert max(len(path) for _, path in rounds) >= 4, "no round accepted 3+ draft tokens"
+    assert any(path.tolist() != list(range(len(path))) for _, path in rounds), "no non-contiguous accepted path"
+    assert any(later_sibling_used(tree, path) for tree, path in rounds), "no path through a later sibling"
+
+
+# ---------------------------------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_greedy_is_bit_identical_to_plain_generate(name):
+    config_class, overrides, attn = ARCHITECTURES[name]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    outputs = []
+    for seed, (length, noise) in enumerate([(5, 0.0), (12, 0.5), (20, 1.0), (3, 0.5)]):  # 12, 20 > window 8
+        prompt = random_prompt(length, seed)
+        expected = original_generate(target, prompt, do_sample=False, max_new_tokens=24)
+        out = tree_generate(target, draft, prompt, noise, do_sample=False, max_new_tokens=24)
+        assert torch.equal(out.sequences, expected), f"prompt {seed}"
+        outputs.append(out)
+    assert_tree_paths_exercised(outputs)
+
+
+@pytest.mark.parametrize("processors", [dict(repetition_penalty=1.8), dict(no_repeat_ngram_size=2, min_new_tokens=8)])
+def test_greedy_applies_sequence_dependent_processors_per_node(processors):
+    target = peaked_target()
+    draft = OracleDraft.from_target(target)
+    for seed in range(3):
+        prompt = random_prompt(8, seed)
+        expected = original_generate(target, prompt, do_sample=False, max_new_tokens=24, **processors)
+        out = tree_generate(target, draft, prompt, do_sample=False, max_new_tokens=24, **processors)
+        assert torch.equal(out.sequences, expected)
+
+
+def test_untrained_draft_and_explicit_custom_generate():
+    target = make_tiny_target()
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    prompt = random_prompt(10, 0)
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=16)
+    out = target.generate(prompt, custom_generate=eagle3_generate, draft_model=draft, max_new_tokens=16)
+    assert torch.equal(out, expected)
+
+
+# -------------------------------------------------------------------------------------------------- sampling
+def exact_distribution(target, prompt, processors, num_new: int) -> dict[tuple, float]:
+    """P(next `num_new` tokens) under plain sampling, by enumerating every continuation."""
+    probs = {(): 1.0}
+    for _ in range(num_new):
+        prefixes = list(probs)
+        sequences = torch.cat([prompt.expand(len(prefixes), -1), torch.tensor(prefixes).view(len(prefixes), -1)], 1)
+        with torch.no_grad():
+            logits = target(sequences.long()).logits[:, -1].float()
+        rows = torch.softmax(processors(sequences.long(), logits), dim=-1)
+        probs = {
+            prefix + (token,): probs[prefix] * float(p)
+            for prefix, row in zip(prefixes, rows)
+            for token, p in enumerate(row)
+            if p > 0
+        }
+    return probs
+
+
+def pooled_chi_square_p_value(counts: dict, expected: dict[tuple, float], num_samples: int) -> float:
+    """Chi-square goodness of fit; cells expecting fewer than 5 samples are pooled into one."""
+    from scipy.stats import chisquare
+
+    assert set(counts) <= set(expected), "sampled a continuation plain sampling can never produce"
+    observed, predicted, pooled = [], [], [0.0, 0.0]
+    for sequence, p in expected.items():
+        if p * num_samples >= 5:
+            observed.append(counts.get(sequence, 0))
+            predicted.append(p * num_samples)
+        else:
+            pooled[0] += counts.get(sequence, 0)
+            pooled[1] += p * num_samples
+    if pooled[1] > 0:
+        observed.append(pooled[0])
+        predicted.append(pooled[1])
+    predicted = [p * sum(observed) / sum(predicted) for p in predicted]  # exact sums despite float rounding
+    return float(chisquare(observed, predicted).pvalue)
+
+
+SAMPLING = {
+    "temperature-1": (dict(temperature=1.0, top_k=0, top_p=1.0), LogitsProcessorList()),
+    "top-k-top-p": (
+        dict(temperature=1.5, top_k=4, top_p=0.9),
+        LogitsProcessorList([TemperatureLogitsWarper(1.5), TopKLogitsWarper(4), TopPLogitsWarper(0.9)]),
+    ),
+}
+NUM_SAMPLES = 500
+NUM_NEW = 4  # the first comes from the prefill; the next three from rounds that can accept two draft tokens
+
+
+def sampled_counts(target, draft, prompt, settings, num_samples):
+    counts: dict[tuple, int] = {}
+    accepted = []
+    torch.manual_seed(0)
+    for _ in range(num_samples):
+        out = tree_generate(
+            target,
+            draft,
+            prompt,
+            noise=1.0,
+            do_sample=True,
+            max_new_tokens=NUM_NEW,
+            **settings,
+            tree_total_tokens=6,
+            tree_depth=2,
+            tree_top_k=3,
+        )
+        key = tuple(out.sequences[0, prompt.shape[1] :].tolist())
+        counts[key] = counts.get(key, 0) + 1
+        accepted.extend(out.num_accepted_tokens.tolist())
+    return counts, accepted
+
+
+def small_vocab_setup():
+    target = peaked_target(vocab_size=8, num_hidden_layers=2)
+    for module in target.modules():  # a softer head than `sharpen` gives, so sampling has several likely paths
+        if module is target.get_output_embeddings():
+            module.weight.data.mul_(0.5)
+    draft = OracleDraft.from_target(target, target_layer_ids=[1])
+    return target, draft, torch.tensor([[1, 5, 3, 4]])
+
+
+@pytest.mark.parametrize("name", list(SAMPLING))
+def test_sampling_follows_the_plain_sampling_distribution(name):
+    """500 tree-sampled 4-token continuations (vocab 8) against the exact distribution of plain sampling.
+
+    Chi-square at level 1e-3 over ~70-130 observed continuations (cells expecting < 5 samples pooled). With this
+    many samples the check has power against real bugs: the next test runs the same harness with a sampler that
+    forgets to renormalise after a rejected sibling and gets p ~ 4e-7.
+    """
+    settings, processors = SAMPLING[name]
+    target, draft, prompt = small_vocab_setup()
+    expected = exact_distribution(target, prompt, processors, NUM_NEW)
+    counts, accepted = sampled_counts(target, draft, prompt, settings, NUM_SAMPLES)
+    assert max(accepted) == 3 and min(accepted) == 1  # full-depth acceptances and rejections both happened
+    assert pooled_chi_square_p_value(counts, expected, NUM_SAMPLES) > 1e-3  # measured: 0.58 and 0.30
+
+
+def test_sampling_check_detects_a_biased_sampler(monkeypatch):
+    monkeypatch.setattr(decoding, "sample_accept", biased_sample_accept)
+    settings, processors = SAMPLING["temperature-1"]
+    target, draft, prompt = small_vocab_setup()
+    expected = exact_distribution(target, prompt, processors, NUM_NEW)
+    counts, _ = sampled_counts(target, draft, prompt, settings, NUM_SAMPLES)
+    assert pooled_chi_square_p_value(counts, expected, NUM_SAMPLES) < 1e-5  # measured: 4e-7
+
+
+# ----------------------------------------------------------------------------------------------------- edges
+@pytest.fixture(scope="module")
+def llama_pair():
+    target = peaked_target()
+    return target, OracleDraft.from_target(target)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3])  # all below the default tree depth
+def test_short_generations_stop_exactly(llama_pair, max_new_tokens):
+    target, draft = llama_pair
+    prompt = random_prompt(6, 1)
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=max_new_tokens)
+    out = tree_generate(target, draft, prompt, 0.0, do_sample=False, max_new_tokens=max_new_tokens)
+    assert torch.equal(out.sequences, expected)
+    assert len(out.num_accepted_tokens) == (0 if max_new_tokens == 1 else 1)
+    for tree in out.draft_trees:  # nodes that could never be emitted are not drafted
+        assert int(tree.depths.max()) <= max_new_tokens - 2
+
+
+def test_eos_inside_an_accepted_path_stops_where_plain_generate_stops(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(6, 4)
+    free = original_generate(target, prompt, do_sample=False, max_new_tokens=20)[0, 6:].tolist()
+    eos = next(token for index, token in enumerate(free) if index >= 3 and token not in free[:index])
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=20, eos_token_id=eos)
+    out = tree_generate(target, draft, prompt, 0.0, do_sample=False, max_new_tokens=20, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected) and out.sequences[0, -1] == eos
+    produced = 1 + int(out.num_accepted_tokens.sum())
+    assert produced > out.sequences.shape[1] - 6, "the EOS round should have accepted tokens after the EOS"
+
+
+def test_several_eos_ids(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(6, 3)
+    free = original_generate(target, prompt, do_sample=False, max_new_tokens=20)[0, 6:].tolist()
+    eos_ids = [free[8], free[5], 127]
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=20, eos_token_id=eos_ids)
+    out = tree_generate(target, draft, prompt, 0.0, do_sample=False, max_new_tokens=20, eos_token_id=eos_ids)
+    assert torch.equal(out.sequences, expected) and out.sequences.shape[1] <= 6 + 6
+
+
+def test_one_token_prompt_and_prompt_longer_than_the_draft_positions():
+    target = peaked_target()
+    draft = OracleDraft.from_target(target, max_position_embeddings=16)
+    for prompt in (random_prompt(1, 4), random_prompt(40, 5)):
+        expected = original_generate(target, prompt, do_sample=False, max_new_tokens=20)
+        out = tree_generate(target, draft, prompt, 0.3, do_sample=False, max_new_tokens=20)
+        assert torch.equal(out.sequences, expected)
+        assert out.tau > 1.5
+
+
+def test_repeated_calls_reuse_nothing_stale(llama_pair):
+    target, draft = llama_pair
+    first, other = random_prompt(7, 6), random_prompt(11, 7)
+    runs = [tree_generate(target, draft, prompt, 0.3, do_sample=False, max_new_tokens=16) for prompt in (first, other)]
+    again = tree_generate(target, draft, first, 0.3, do_sample=False, max_new_tokens=16)
+    assert torch.equal(again.sequences, runs[0].sequences)
+    assert again.num_accepted_tokens.tolist() == runs[0].num_accepted_tokens.tolist()
+    assert torch.equal(runs[1].sequences, original_generate(target, other, do_sample=False, max_new_tokens=16))
+
+
+class RecordingStreamer(BaseStreamer):
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_streamer_receives_the_same_tokens(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(6, 8)
+    plain, tree = RecordingStreamer(), RecordingStreamer()
+    original_generate(target, prompt, do_sample=False, max_new_tokens=16, streamer=plain)
+    draft.reset(target, prompt)
+    target.generate(prompt, assistant_model=draft, do_sample=False, max_new_tokens=16, streamer=tree)
+    assert tree.ended and tree.chunks[0] == prompt[0].tolist()
+    assert sum(tree.chunks, []) == sum(plain.chunks, [])
+    assert max(len(chunk) for chunk in tree.chunks[1:]) > 1  # text arrives a round at a time
+
+
+def test_scores_logits_and_tau_in_the_output_dict(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(6, 9)
+    kwargs = dict(do_sample=False, max_new_tokens=12, output_scores=True, output_logits=True, repetition_penalty=1.3)
+    expected = original_generate(target, prompt, return_dict_in_generate=True, **kwargs)
+    out = tree_generate(target, draft, prompt, 0.3, **kwargs)
+    assert torch.equal(out.sequences, expected.sequences)
+    assert len(out.scores) == len(expected.scores) == 12
+    for ours, theirs in zip(out.scores + out.logits, expected.scores + expected.logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert out.tau == pytest.approx(out.num_accepted_tokens.float().mean().item())
+    assert 1 + int(out.num_accepted_tokens.sum()) >= 12
+    assert len(out.draft_trees) == len(out.accepted_paths) == len(out.num_accepted_tokens)
+    assert out.cache.get_seq_length() == out.sequences.shape[1] - 1  # holds exactly the accepted text
+
+
+def test_left_padded_prompt_matches_plain_generate(llama_pair):
+    target, draft = llama_pair
+    prompt = torch.cat([torch.zeros(1, 3, dtype=torch.long), random_prompt(8, 10)], dim=1)
+    mask = torch.ones_like(prompt)
+    mask[:, :3] = 0
+    expected = original_generate(target, prompt, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    out = tree_generate(target, draft, prompt, 0.3, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    assert torch.equal(out.sequences, expected)
+
+
+def test_tree_settings_per_call_and_from_the_draft_generation_config(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(6, 11)
+    out = tree_generate(
+        target, draft, prompt, do_sample=False, max_new_tokens=12, tree_total_tokens=4, tree_depth=3, tree_top_k=1
+    )
+    chains = [tree.parents.tolist() == list(range(-1, tree.num_nodes - 1)) for tree in out.draft_trees]
+    assert all(chains) and max(tree.num_nodes for tree in out.draft_trees) == 4  # top_k=1: a chain
+    draft.generation_config = GenerationConfig(tree_total_tokens=5, tree_depth=2, tree_top_k=2)
+    try:
+        out = tree_generate(target, draft, prompt, do_sample=False, max_new_tokens=12)
+        assert all(tree.num_nodes == 5 and int(tree.depths.max()) <= 2 for tree in out.draft_trees[:-1])
+    finally:
+        draft.generation_config = None
+    with pytest.raises(ValueError, match="tree_depth must be a positive int"):
+        tree_generate(target, draft, prompt, max_new_tokens=4, tree_depth=0)
+
+
+def test_draft_gets_the_target_embedding_device_and_dtype():
+    target = make_tiny_target()
+    draft = Eagle3DraftModel(Eagle3DraftModel.config_from_target(target, draft_vocab_size=64)).to(torch.float64)
+    assert not draft.has_embedding
+    prompt = random_prompt(5, 12)
+    out = target.generate(prompt, assistant_model=draft, do_sample=False, max_new_tokens=8)
+    assert torch.equal(out, original_generate(target, prompt, do_sample=False, max_new_tokens=8))
+    assert draft.has_embedding and draft.fc.weight.dtype == torch.float32
+
+
+def test_batch_of_two_is_refused(llama_pair):
+    target, draft = llama_pair
+    with pytest.raises(ValueError, match="batch size 1"):
+        target.generate(random_prompt(6, 0).repeat(2, 1), assistant_model=draft, max_new_tokens=4)
