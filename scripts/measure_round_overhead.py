@@ -81,9 +81,7 @@ class Clock(BaseStreamer):
 def plain_step_seconds(target, input_ids, new_tokens: int) -> list[float]:
     """The time of every step of stock greedy generate."""
     clock = Clock()
-    original_generate(
-        target, input_ids, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=clock
-    )
+    original_generate(target, input_ids, do_sample=False, max_new_tokens=new_tokens, streamer=clock)
     return clock.intervals()
 
 
@@ -106,7 +104,6 @@ def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[i
             assistant_model=draft,
             do_sample=False,
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
             tree_total_tokens=total,
             tree_depth=depth,
             tree_top_k=top_k,
@@ -134,6 +131,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     target, tokenizer = load_smollm2()
+    # No EOS: every run produces exactly `--new-tokens` tokens, with no logits processor in either loop.
+    target.generation_config.eos_token_id = None
     overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
     draft = Eagle3DraftModel.from_target(target, **overrides)
     words = (PARAGRAPH * 20).split()[: args.prompt_words]

@@ -223,7 +223,7 @@ def llama_pair():
     return target, OracleDraft.from_target(target)
 
 
-@pytest.mark.parametrize("max_new_tokens", [1, 2, 3])  # all below the default tree depth
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3])  # the tree would be deeper than what may be emitted
 def test_short_generations_stop_exactly(llama_pair, max_new_tokens):
     target, draft = llama_pair
     prompt = random_prompt(6, 1)
@@ -342,6 +342,21 @@ def test_tree_settings_per_call_and_from_the_draft_generation_config(llama_pair)
         draft.generation_config = None
     with pytest.raises(ValueError, match="tree_depth must be a positive int"):
         tree_generate(target, draft, prompt, max_new_tokens=4, tree_depth=0)
+
+
+def test_tree_settings_from_a_saved_head_folder(tmp_path):
+    target = make_tiny_target()
+    Eagle3DraftModel.from_target(target, draft_vocab_size=64).save_pretrained(tmp_path)
+    GenerationConfig(tree_total_tokens=5, tree_depth=2, tree_top_k=2).save_pretrained(tmp_path)
+    draft = Eagle3DraftModel.from_pretrained(tmp_path)
+    out = target.generate(
+        random_prompt(6, 13),
+        assistant_model=draft,
+        max_new_tokens=8,
+        return_dict_in_generate=True,
+        output_draft_trees=True,
+    )
+    assert out.draft_trees[0].num_nodes == 5 and int(out.draft_trees[0].depths.max()) == 2
 
 
 def test_draft_gets_the_target_embedding_device_and_dtype():

@@ -262,6 +262,9 @@ rank = trainer.accelerator.process_index
 checksum = sum(float(p.detach().double().sum()) for p in draft.parameters())
 with open(f"{out}/rank{rank}.json", "w") as f:
     json.dump({"world": trainer.accelerator.num_processes, "checksum": checksum, "metrics": metrics}, f)
+# Tear gloo down explicitly: a process group left to interpreter exit can abort ("terminate called ...").
+trainer.accelerator.wait_for_everyone()
+torch.distributed.destroy_process_group()
 """
 
 

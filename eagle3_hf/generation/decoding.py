@@ -12,6 +12,7 @@ Usage, after `import eagle3_hf`:
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -47,9 +48,10 @@ class TreeSettings:
         return 1 + self.top_k + (self.depth - 1) * self.top_k**2
 
 
-# Chosen from scripts/measure_round_overhead.py on a 2-core CPU (see docs/decoding.md): on CPU one verified node
-# is not free, so a small, fairly deep tree wins. GPUs afford EAGLE's 60 / 6 / 10.
-DEFAULT_TREE = TreeSettings(total_tokens=16, depth=5, top_k=4)
+# Chosen with scripts/measure_round_overhead.py on SmolLM2-135M, 2-core CPU (docs/decoding.md): there a 16-node
+# verification costs 2x a plain step and every draft level a head forward, so the cheapest tree that still branches
+# (break-even tau 1.95 with an 8k-vocabulary head, 2.6 with the full vocabulary) wins. On a GPU pass e.g. 60 / 6 / 10.
+DEFAULT_TREE = TreeSettings(total_tokens=8, depth=3, top_k=4)
 
 
 def resolve_tree_settings(
@@ -59,7 +61,7 @@ def resolve_tree_settings(
 
     `total_tokens` is capped at what `depth` and `top_k` can produce.
     """
-    draft_config = getattr(draft, "generation_config", None)
+    draft_config = _draft_generation_config(draft)
     values = {}
     for name, value in (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)):
         if value is None:
@@ -71,6 +73,18 @@ def resolve_tree_settings(
         values[name] = value
     settings = TreeSettings(**values)
     return TreeSettings(min(settings.total_tokens, settings.max_nodes), settings.depth, settings.top_k)
+
+
+def _draft_generation_config(draft: Eagle3DraftModel) -> GenerationConfig | None:
+    """The head's generation config: its attribute, else the `generation_config.json` of a head loaded from a local
+    folder (`from_pretrained` loads generation configs only for models that can generate, which a head cannot)."""
+    config = getattr(draft, "generation_config", None)
+    if config is not None:
+        return config
+    folder = Path(draft.name_or_path or "")
+    if draft.name_or_path and (folder / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(folder)
+    return None
 
 
 @dataclass
