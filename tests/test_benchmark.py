@@ -62,3 +62,23 @@ def test_summary_speedup_tau_and_categories(tmp_path):
     assert {p.name for p in paths} == {"results.json", "results.md", "speedup.png", "tau.png",
                                        "acceptance_by_position.png"}
     assert json.loads((tmp_path / "results.json").read_text())["rows"]
+
+
+def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draft):
+    from eagle3_hf.bench_data import EvalPrompt
+    from eagle3_hf.benchmark import run_benchmark
+
+    from .test_trainer import make_word_tokenizer
+
+    prompts = [EvalPrompt("mt_bench", "1", "writing", ["w1 w2 w3", "w4 w5"]), EvalPrompt("humaneval", "2", "coding",
+                                                                                       ["w7 w8"])]
+    records = run_benchmark(tiny_target, make_word_tokenizer(), tiny_draft, prompts, temperatures=(0.0, 1.0),
+                            max_new_tokens=6, warmup=1, progress=False)
+    assert len(records) == 3 * 2 * 4  # turns x temperatures x methods
+    greedy = [r for r in records if r.temperature == 0]
+    assert all(r.matches_plain for r in greedy)  # lossless: every method reproduces plain greedy
+    # the prefill emits the first token; every later token is counted in exactly one round
+    assert all(0 < r.new_tokens <= 6 and sum(r.tokens_per_round) == r.new_tokens - 1 for r in records)
+    rows = summarize(records)["rows"]
+    assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree"}
+    assert any(r["dataset"] == "mt_bench/writing" for r in rows)
