@@ -42,8 +42,14 @@ def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progre
         plain = [r for r in summarize(records)["rows"] if r["method"] == "plain" and "/" not in r["dataset"]]
         plain_speed = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
         results.append({**tree_kwargs, "tokens_per_second": tokens / seconds, "speedup": tokens / seconds / plain_speed,
-                        "tau": sum(r["tau"] * r["rounds"] for r in rows) / max(1, sum(r["rounds"] for r in rows))})
+                        "tau": _pooled_tau(rows)})
     return sorted(results, key=lambda r: -r["tokens_per_second"])
+
+
+def _pooled_tau(rows: list[dict]) -> float | None:
+    """Tokens per round over all rows (None when no round ran, e.g. every answer ended at its first token)."""
+    rounds = sum(r["rounds"] for r in rows)
+    return sum(r["tau"] * r["rounds"] for r in rows if r["rounds"]) / rounds if rounds else None
 
 
 def valid_shapes(total_tokens: list[int], depths: list[int], top_ks: list[int]) -> list[tuple[int, int, int]]:
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row))
     best = results[0]
     print(f"fastest: total_tokens={best['tree_total_tokens']} depth={best['tree_depth']} top_k={best['tree_top_k']}"
-          f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']:.2f}")
+          f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']}")
     if args.save:
         head_dir = Path(args.head or DEFAULT_HEAD_DIR)
         if not head_dir.is_dir():
