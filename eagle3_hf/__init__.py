@@ -14,7 +14,28 @@ __version__ = "0.1.0"
 AutoConfig.register("eagle3", Eagle3Config, exist_ok=True)
 AutoModel.register(Eagle3Config, Eagle3DraftModel, exist_ok=True)
 
+# Training and chain-mode classes pull in Trainer/accelerate: imported on first use to keep `import eagle3_hf` light.
+_LAZY = {
+    "Eagle3Trainer": "eagle3_hf.trainer",
+    "Eagle3TrainingArguments": "eagle3_hf.training_args",
+    "DataCollatorForEagle3": "eagle3_hf.data",
+    "Eagle3CandidateGenerator": "eagle3_hf.generation.candidate_generator",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'eagle3_hf' has no attribute {name!r}")
+
+
 __all__ = [
+    "DataCollatorForEagle3",
+    "Eagle3CandidateGenerator",
+    "Eagle3Trainer",
+    "Eagle3TrainingArguments",
     "DraftTree",
     "Eagle3Config",
     "Eagle3DraftModel",

@@ -133,3 +133,12 @@ def test_auto_model_resolves_saved_folder(tiny_draft, tmp_path):
     assert type(loaded) is Eagle3DraftModel
     for name, tensor in tiny_draft.state_dict().items():
         assert torch.equal(tensor, loaded.state_dict()[name]), name
+
+
+def test_public_api_exposes_training_and_chain_classes_lazily():
+    import eagle3_hf
+
+    for name in ("Eagle3Trainer", "Eagle3TrainingArguments", "DataCollatorForEagle3", "Eagle3CandidateGenerator"):
+        assert getattr(eagle3_hf, name).__name__ == name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        eagle3_hf.no_such_name  # noqa: B018
