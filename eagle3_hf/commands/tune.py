@@ -1,7 +1,7 @@
 """`eagle3-hf tune`: pick the fastest draft-tree shape (total_tokens, depth, top_k) for a target on this machine.
 
 Each shape decodes the same prompts with the tree (greedy), interleaved with plain `generate`; the shape with the
-highest tokens/s wins. `--save` writes it into the head folder's `generation_config.json`, where `generate` reads
+highest speedup over those plain runs wins. `--save` writes it into the head folder's `generation_config.json`, where `generate` reads
 its defaults.
 """
 
@@ -43,7 +43,8 @@ def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progre
         plain_speed = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
         results.append({**tree_kwargs, "tokens_per_second": tokens / seconds, "speedup": tokens / seconds / plain_speed,
                         "tau": _pooled_tau(rows)})
-    return sorted(results, key=lambda r: -r["tokens_per_second"])
+    # Rank by speedup over the plain runs interleaved with the same shape: robust to load drifting between shapes.
+    return sorted(results, key=lambda r: -r["speedup"])
 
 
 def _pooled_tau(rows: list[dict]) -> float | None:
