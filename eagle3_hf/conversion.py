@@ -468,7 +468,7 @@ def _load_native(stock_from_pretrained: Callable, path, target, model_args: tupl
     except ValueError as error:
         raise CheckpointFormatError(f"{path}: {error}") from error
     if target is not None:
-        attach_target_checked(model, target)
+        model.attach_target(target)
     return (model, info) if want_info else model
 
 
@@ -501,7 +501,7 @@ def _load_converted(
         model.set_input_embeddings(nn.Embedding.from_pretrained(weight, freeze=True).to(device))
     model.to(device).eval()
     if target is not None:
-        attach_target_checked(model, target)
+        model.attach_target(target)
     return model
 
 
@@ -529,19 +529,6 @@ def _device_of(device_map) -> torch.device:
         accelerator = torch.accelerator.current_accelerator()
         return accelerator if accelerator is not None else torch.device("cpu")
     return torch.device("cpu" if device_map is None else device_map)
-
-
-def attach_target_checked(model, target) -> None:
-    """`model.attach_target(target)`, after checking that default layer taps were derived for this target's depth."""
-    layers = target.config.get_text_config().num_hidden_layers
-    recorded = model.config.target_num_hidden_layers
-    if recorded not in (None, layers) and recorded >= 4:
-        if model.config.target_layer_ids == default_target_layer_ids(recorded):
-            raise ValueError(
-                f"The head's target_layer_ids={model.config.target_layer_ids} are the defaults for a "
-                f"{recorded}-layer target, but the target has {layers} layers."
-            )
-    model.attach_target(target)
 
 
 # ------------------------------------------------------------------------------------------------------ writing
@@ -722,7 +709,6 @@ __all__ = [
     "READABLE_DIALECTS",
     "WRITABLE_DIALECTS",
     "CheckpointFormatError",
-    "attach_target_checked",
     "config_from_dialect",
     "detect_checkpoint_dialect",
     "detect_dialect",

@@ -176,11 +176,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
     def has_embedding(self) -> bool:
         return self._embedding is not None
 
-    def attach_target(self, target: PreTrainedModel) -> "Eagle3DraftModel":
-        """Use `target`'s input embedding (shared, frozen, never saved) and check the head fits `target`.
-
-        Raises `ValueError` when the vocabulary, the hidden size or the layer taps do not match the target.
-        """
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raise `ValueError` when the vocabulary, the hidden size or the layer taps do not match `target`."""
         text_config = target.config.get_text_config()
         if text_config.vocab_size != self.config.vocab_size:
             raise ValueError(
@@ -192,22 +189,26 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                 f"target_hidden_size={self.config.target_hidden_size} but the target's hidden_size is "
                 f"{text_config.hidden_size}."
             )
-        if self.config.target_layer_ids[-1] >= text_config.num_hidden_layers:
-            raise ValueError(
-                f"target_layer_ids={self.config.target_layer_ids} but the target has only "
-                f"{text_config.num_hidden_layers} layers."
-            )
-        recorded_layers = self.config.target_num_hidden_layers
+        layers, recorded = text_config.num_hidden_layers, self.config.target_num_hidden_layers
         if (
-            recorded_layers is not None
-            and recorded_layers != text_config.num_hidden_layers
-            and self.config.target_layer_ids == default_target_layer_ids(recorded_layers)
+            recorded is not None
+            and recorded >= 4
+            and recorded != layers
+            and self.config.target_layer_ids == default_target_layer_ids(recorded)
         ):
             # The taps were derived from a different depth: they would silently read the wrong layers.
             raise ValueError(
-                f"target_num_hidden_layers={recorded_layers} (taps {self.config.target_layer_ids}) but the target "
-                f"has {text_config.num_hidden_layers} layers."
+                f"The head's target_layer_ids={self.config.target_layer_ids} are the defaults for a "
+                f"{recorded}-layer target, but the target has {layers} layers."
             )
+        if self.config.target_layer_ids[-1] >= layers:
+            raise ValueError(
+                f"target_layer_ids={self.config.target_layer_ids} but the target has only {layers} layers."
+            )
+
+    def attach_target(self, target: PreTrainedModel) -> "Eagle3DraftModel":
+        """Use `target`'s input embedding (shared, frozen, never saved) after `check_target(target)`."""
+        self.check_target(target)
         embedding = target.get_input_embeddings()
         if embedding.weight.shape[1] != self.config.hidden_size:
             raise ValueError(

@@ -306,7 +306,7 @@ def test_target_kwarg_fills_layer_count_and_attaches(tmp_path):
         Eagle3DraftModel.from_pretrained(tmp_path / "official", target=make_tiny_target(vocab_size=96))
     draft = Eagle3DraftModel.from_pretrained(tmp_path / "official", target_num_hidden_layers=12)
     with pytest.raises(ValueError, match="defaults for a 12-layer target"):
-        conversion.attach_target_checked(draft, target)
+        draft.attach_target(target)
 
 
 def test_modelopt_without_lm_head_needs_the_target(tmp_path):

@@ -279,21 +279,6 @@ class Eagle3CandidateGenerator(CandidateGenerator):
 
 
 # ----------------------------------------------------------------------------------------------------- selection
-def _check_draft_fits(target: PreTrainedModel, draft: Eagle3DraftModel) -> None:
-    """Raise `ValueError` when `draft` cannot read `target`'s vocabulary or hidden states."""
-    text_config = target.config.get_text_config()
-    if draft.config.vocab_size != text_config.vocab_size:
-        raise ValueError(
-            f"The draft head has vocab_size={draft.config.vocab_size} but the target has "
-            f"vocab_size={text_config.vocab_size}; an EAGLE-3 head must share the target's tokenizer."
-        )
-    if draft.config.target_layer_ids[-1] >= text_config.num_hidden_layers:
-        raise ValueError(
-            f"The draft head reads target_layer_ids={draft.config.target_layer_ids} but the target has only "
-            f"{text_config.num_hidden_layers} layers."
-        )
-
-
 def _resolve_num_assistant_tokens(generation_config: GenerationConfig | None, num_assistant_tokens: int | None) -> int:
     """Explicit argument > `generation_config.num_assistant_tokens` > `DEFAULT_NUM_ASSISTANT_TOKENS`.
 
@@ -343,7 +328,7 @@ def chain_mode(
         raise TypeError(f"chain_mode needs an Eagle3DraftModel as draft, got {type(draft).__name__}.")
     if target.config.is_encoder_decoder:
         raise ValueError("EAGLE-3 chain mode supports decoder-only targets only.")
-    _check_draft_fits(target, draft)
+    draft.check_target(target)
     if not draft.has_embedding:
         draft.attach_target(target)
     chain_length = _resolve_num_assistant_tokens(generation_config, num_assistant_tokens)
