@@ -319,6 +319,61 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         draft = cls(config).to(device=embedding.device, dtype=embedding.dtype)
         return draft.attach_target(target)
 
+    @torch.no_grad()
+    def init_output_from_target(self, target: PreTrainedModel, fc_from_top_feature: bool = False) -> list[str]:
+        """Start the head's output side from the target's instead of from random weights.
+
+        - `lm_head` gets the target's output-embedding rows of the draft vocabulary (`draft_to_target_ids`), so
+          the head starts with the target's own token directions; call it *after* `set_vocab_maps`.
+        - `norm` gets the target's final norm weight, when that norm computes the same function as an RMSNorm
+          with that weight (checked on random inputs; Gemma's `1 + weight` norm, say, is left alone).
+        - with `fc_from_top_feature=True`, `fc` starts as the projection onto the highest tapped layer, so the
+          residual stream starts in the target's last-layer space that `norm` and `lm_head` read.
+
+        EAGLE-1/2 reused the target's frozen `lm_head`; EAGLE-3 trains its own over a smaller vocabulary. Starting
+        that one from the target's rows saves most of what a short training run would spend learning it.
+
+        Returns:
+            The names of the parameters that were initialized (`["lm_head", "norm", ...]`).
+        """
+        self.check_target(target)
+        output = target.get_output_embeddings()
+        if output is None or output.weight.shape != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(
+                f"init_output_from_target needs a target output embedding of shape "
+                f"({self.config.vocab_size}, {self.config.hidden_size}); {type(target).__name__} has "
+                f"{None if output is None else tuple(output.weight.shape)}."
+            )
+        rows = self.draft_to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+        weight = output.weight[rows.to(output.weight.device)]
+        self.lm_head.weight.copy_(weight.to(self.lm_head.weight))
+        done = ["lm_head"]
+        target_norm = getattr(target.get_decoder(), "norm", None)
+        if self._norm_matches(target_norm):
+            done.append("norm")
+        if fc_from_top_feature:
+            hidden = self.config.target_hidden_size
+            self.fc.weight.zero_()
+            self.fc.weight[:, -hidden:].copy_(torch.eye(hidden, self.config.hidden_size).T)
+            done.append("fc")
+        return done
+
+    @torch.no_grad()
+    def _norm_matches(self, target_norm: nn.Module | None) -> bool:
+        """Copy `target_norm.weight` into `self.norm` if both then compute the same function; restore otherwise."""
+        weight = getattr(target_norm, "weight", None)
+        if weight is None or weight.shape != self.norm.weight.shape:
+            return False
+        saved = self.norm.weight.detach().clone()
+        self.norm.weight.copy_(weight.to(self.norm.weight))
+        probe = torch.randn(4, self.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        probe = probe.to(device=self.norm.weight.device, dtype=torch.float32)
+        expected = target_norm(probe.to(device=weight.device, dtype=weight.dtype)).float().to(probe.device)
+        if torch.allclose(self.norm(probe.to(self.norm.weight.dtype)).float(), expected, rtol=1e-2, atol=1e-3):
+            return True
+        self.norm.weight.copy_(saved)
+        return False
+
     @staticmethod
     def config_from_target(target: PreTrainedModel, **overrides) -> Eagle3Config:
         """The `Eagle3Config` that `from_target` builds (see there)."""

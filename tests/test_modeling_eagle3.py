@@ -142,3 +142,33 @@ def test_public_api_exposes_training_and_chain_classes_lazily():
         assert getattr(eagle3_hf, name).__name__ == name
     with pytest.raises(AttributeError, match="no_such_name"):
         eagle3_hf.no_such_name  # noqa: B018
+
+
+def test_init_output_from_target_reproduces_the_targets_head(tiny_target):
+    """With fc onto the top tap and the layer's residual branches silenced, the head's logits are the target's
+    own logits at that layer, restricted to the draft vocabulary: lm_head rows and norm really are the target's."""
+    ids = torch.tensor(sorted(torch.randperm(128, generator=torch.Generator().manual_seed(0))[:64].tolist()))
+    draft = Eagle3DraftModel.from_target(tiny_target, draft_vocab_size=64)
+    draft.set_vocab_maps(maps_from_token_ids(ids, 128)[0])
+    with torch.no_grad():
+        tiny_target.model.norm.weight.uniform_(0.5, 1.5)  # a norm weight that is not the default ones
+    assert draft.init_output_from_target(tiny_target, fc_from_top_feature=True) == ["lm_head", "norm", "fc"]
+    with torch.no_grad():
+        draft.layers[0].self_attn.o_proj.weight.zero_()
+        draft.layers[0].mlp.down_proj.weight.zero_()
+    hidden = tiny_target(torch.tensor([[1, 2, 3, 4]]), output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i] for i in draft.config.target_layer_ids], -1)
+    logits = draft(torch.tensor([[2, 3, 4, 5]]), target_hidden_states=features).logits
+    top = hidden[draft.config.target_layer_ids[-1]]
+    expected = tiny_target.lm_head(tiny_target.model.norm(top))[..., ids]
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_init_output_from_target_leaves_a_different_norm_alone():
+    target = make_tiny_target(Gemma3TextConfig, head_dim=8)  # Gemma's norm scales by (1 + weight)
+    with torch.no_grad():
+        target.model.norm.weight.fill_(0.3)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=32)
+    assert draft.init_output_from_target(target) == ["lm_head"]
+    assert torch.equal(draft.norm.weight, torch.ones(32))
+    torch.testing.assert_close(draft.lm_head.weight, target.get_output_embeddings().weight[:32])

@@ -340,3 +340,43 @@ def test_train_command_saves_a_loadable_head(tmp_path, feature_mode):
     if feature_mode == "offline":
         assert (tmp_path / "features" / "train" / "manifest.json").is_file()
         assert (tmp_path / "features" / "eval" / "manifest.json").is_file()
+
+
+def test_train_command_starts_from_the_target_and_can_freeze_lm_head(tmp_path):
+    """The default fresh head starts from the target's output rows; --freeze_lm_head keeps them through training
+    while the rest of the head moves."""
+    from eagle3_hf.commands.train import main
+
+    target_dir, output_dir = tmp_path / "target", tmp_path / "head"
+    target = make_sharp_target()
+    target.save_pretrained(target_dir)
+    make_word_tokenizer().save_pretrained(target_dir)
+    with open(tmp_path / "chats.jsonl", "w") as file:
+        for i in range(6):
+            turns = [{"from": "human", "value": f"w{i} w{i + 1}"}, {"from": "gpt", "value": f"w{i + 2} w{i + 3} w{i}"}]
+            file.write(json.dumps({"conversations": turns}) + "\n")
+    argv = [f"--target_model_name_or_path={target_dir}", f"--dataset={tmp_path / 'chats.jsonl'}"]
+    argv += [f"--output_dir={output_dir}", "--draft_vocab_size=64", "--max_steps=2", "--ttt_steps=2"]
+    argv += ["--per_device_train_batch_size=2", "--learning_rate=1e-2", "--use_cpu", "--report_to=none"]
+    argv += ["--disable_tqdm=true", "--freeze_lm_head=true", "--init_fc_from_top_feature=true", "--save_strategy=no"]
+    assert main(argv) == 0
+    head = Eagle3DraftModel.from_pretrained(output_dir)
+    rows = head.draft_to_target_ids(torch.arange(64))
+    torch.testing.assert_close(head.lm_head.weight, target.get_output_embeddings().weight[rows])
+    fc_top = head.fc.weight[:, -head.config.target_hidden_size :]
+    assert not torch.allclose(fc_top, torch.eye(head.config.hidden_size))  # trained away from its start
+
+
+def test_train_command_refuses_a_multi_process_launch_without_ddp(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers.training_args import ParallelMode
+
+    from eagle3_hf.commands.train import check_distributed_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--use_cpu true"):
+        check_distributed_launch(SimpleNamespace(parallel_mode=ParallelMode.NOT_PARALLEL))
+    check_distributed_launch(SimpleNamespace(parallel_mode=ParallelMode.DISTRIBUTED))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_distributed_launch(SimpleNamespace(parallel_mode=ParallelMode.NOT_PARALLEL))

@@ -24,6 +24,17 @@ class ModelArguments:
     draft_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Start from this head (any dialect) instead of a fresh one."}
     )
+    init_from_target: bool = field(
+        default=True,
+        metadata={"help": "Start a fresh head's lm_head (draft-vocabulary rows) and norm from the target's."},
+    )
+    init_fc_from_top_feature: bool = field(
+        default=False,
+        metadata={"help": "With --init_from_target, also start fc as the projection onto the highest tapped layer."},
+    )
+    freeze_lm_head: bool = field(
+        default=False, metadata={"help": "Do not train the head's lm_head (sensible with --init_from_target)."}
+    )
     target_dtype: str = field(
         default="auto",
         metadata={"help": "dtype of the frozen target.", "choices": ["auto", "float32", "bfloat16", "float16"]},
@@ -100,6 +111,11 @@ def _draft_head(model_args: ModelArguments, data_args: DataArguments, args: Eagl
                 )
             draft.set_vocab_maps(vocab.d2t, vocab.t2d)
             logger.info(f"Draft vocabulary {path}: coverage {vocab.coverage:.2%} of the loss tokens.")
+        if model_args.init_from_target:
+            done = draft.init_output_from_target(target, fc_from_top_feature=model_args.init_fc_from_top_feature)
+            logger.info(f"Initialized {', '.join(done)} from the target.")
+    if model_args.freeze_lm_head:
+        draft.lm_head.requires_grad_(False)
     # fp32 master weights; use --bf16/--fp16 for mixed precision.
     return draft.float()
 
@@ -131,9 +147,27 @@ def _offline_datasets(args: Eagle3TrainingArguments, target, layer_ids: list[int
     return wrapped
 
 
+def check_distributed_launch(args: Eagle3TrainingArguments) -> None:
+    """Refuse a multi-process launch that Transformers would not run as DDP.
+
+    Without an accelerator, `Trainer` joins the process group but trains each process on its own unless
+    `use_cpu=True`: N independent copies of one run, each saving over the others. Fail before that starts.
+    """
+    from transformers.training_args import ParallelMode
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and args.parallel_mode != ParallelMode.DISTRIBUTED:
+        raise ValueError(
+            f"Launched as {world_size} processes, but Transformers would train each one separately (parallel_mode="
+            f"{args.parallel_mode.value!r}). On a machine without GPUs pass --use_cpu true to train with DDP over "
+            "gloo."
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     model_args, data_args, args = make_parser().parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    check_distributed_launch(args)
     from eagle3_hf.regenerate import load_target
     from eagle3_hf.trainer import Eagle3Trainer
 
