@@ -18,6 +18,7 @@ from .bench_data import EvalPrompt
 
 
 METHODS = ("plain", "prompt_lookup", "chain", "tree")
+PROMPT_LOOKUP_NUM_TOKENS = 10
 
 
 @dataclass
@@ -70,7 +71,9 @@ def tokens_per_round(cache_lengths: list[int], final_length: int) -> list[int]:
     return [end - start for start, end in zip(starts, ends)]
 
 
-def method_kwargs(method: str, draft, tree_kwargs: dict | None, prompt_lookup_num_tokens: int = 10) -> dict:
+def method_kwargs(
+    method: str, draft, tree_kwargs: dict | None, prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS
+) -> dict:
     """The `generate` keyword arguments that select a decoding method."""
     if method == "plain":
         return {}
@@ -88,11 +91,22 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_generate(target, input_ids: torch.Tensor, method: str, temperature: float, max_new_tokens: int,
-                   draft=None, tree_kwargs: dict | None = None, seed: int = 0):
+def timed_generate(
+    target,
+    input_ids: torch.Tensor,
+    method: str,
+    temperature: float,
+    max_new_tokens: int,
+    draft=None,
+    tree_kwargs: dict | None = None,
+    seed: int = 0,
+):
     """Run one generation; returns `(new_token_ids, seconds, tokens_per_round)`."""
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
-        "do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
     kwargs = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids), **sampling)
     kwargs.update(method_kwargs(method, draft, tree_kwargs))
     torch.manual_seed(seed)
@@ -103,7 +117,7 @@ def timed_generate(target, input_ids: torch.Tensor, method: str, temperature: fl
         _synchronize(input_ids.device)
         seconds = time.perf_counter() - start
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
-    return sequences[0, input_ids.shape[1]:], seconds, tokens_per_round(lengths, sequences.shape[1])
+    return sequences[0, input_ids.shape[1] :], seconds, tokens_per_round(lengths, sequences.shape[1])
 
 
 def _encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
@@ -114,9 +128,19 @@ def _encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
 
 
-def run_benchmark(target, tokenizer, draft, prompts: list[EvalPrompt], methods=METHODS, temperatures=(0.0,),
-                  max_new_tokens: int = 128, tree_kwargs: dict | None = None, seed: int = 0, warmup: int = 1,
-                  progress: bool = True) -> list[GenerationRecord]:
+def run_benchmark(
+    target,
+    tokenizer,
+    draft,
+    prompts: list[EvalPrompt],
+    methods=METHODS,
+    temperatures=(0.0,),
+    max_new_tokens: int = 128,
+    tree_kwargs: dict | None = None,
+    seed: int = 0,
+    warmup: int = 1,
+    progress: bool = True,
+) -> list[GenerationRecord]:
     """Measure every method on every prompt and temperature, interleaved prompt by prompt.
 
     The method order rotates with the prompt index so that no method always runs first (caches, clocks). Each
@@ -139,7 +163,7 @@ def run_benchmark(target, tokenizer, draft, prompts: list[EvalPrompt], methods=M
         for temperature in temperatures:
             histories = {method: [] for method in methods}
             for turn, question in enumerate(prompt.turns):
-                order = methods[index % len(methods):] + methods[: index % len(methods)]
+                order = methods[index % len(methods) :] + methods[: index % len(methods)]
                 outputs = {}
                 for method in order:
                     history = histories[method] + [{"role": "user", "content": question}]
@@ -150,10 +174,22 @@ def run_benchmark(target, tokenizer, draft, prompts: list[EvalPrompt], methods=M
                     outputs[method] = new_ids
                     answer = tokenizer.decode(new_ids, skip_special_tokens=True)
                     histories[method] = history + [{"role": "assistant", "content": answer}]
-                    records.append(GenerationRecord(prompt.dataset, prompt.prompt_id, prompt.category, turn, method,
-                                                    temperature, input_ids.shape[1], len(new_ids), seconds, rounds))
+                    records.append(
+                        GenerationRecord(
+                            prompt.dataset,
+                            prompt.prompt_id,
+                            prompt.category,
+                            turn,
+                            method,
+                            temperature,
+                            input_ids.shape[1],
+                            len(new_ids),
+                            seconds,
+                            rounds,
+                        )
+                    )
                 if temperature == 0:
-                    for record in records[-len(methods):]:
+                    for record in records[-len(methods) :]:
                         record.matches_plain = torch.equal(outputs[record.method], outputs["plain"])
                 bar.update(1)
     bar.close()

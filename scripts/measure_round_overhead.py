@@ -12,6 +12,7 @@ head with a reduced vocabulary, as trained heads usually have.
 
     .venv/bin/python scripts/measure_round_overhead.py                       # default grid, ~3 minutes on 2 cores
     .venv/bin/python scripts/measure_round_overhead.py --shapes 16x5x4 --repeats 5
+    .venv/bin/python scripts/measure_round_overhead.py --pack-weights on        # MKL-packed weights (cpu_packing)
 
 Shapes are `total_tokens x depth x top_k`. Steps and rounds are timed with a streamer (one `put` per plain step,
 one per tree round), so each includes all the per-step work of its loop. Runs are interleaved (plain, then every
@@ -30,6 +31,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel
 from eagle3_hf.assets import load_smollm2
+from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_tree
 from eagle3_hf.generation import decoding, drafter, original_generate
 
 
@@ -125,6 +127,9 @@ def main() -> None:
     parser.add_argument(
         "--draft-vocab-size", type=int, default=None, help="head vocabulary (default: the target's, 49152)"
     )
+    parser.add_argument(
+        "--pack-weights", default="off", choices=["auto", "on", "off"], help="MKL-pack weights (eagle3_hf.cpu_packing)"
+    )
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.threads:
@@ -135,6 +140,12 @@ def main() -> None:
     target.generation_config.eos_token_id = None
     overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
     draft = Eagle3DraftModel.from_target(target, **overrides)
+    target_rows, draft_rows = set(), set()
+    for shape in shapes:
+        rows = rows_for_tree(*shape)
+        target_rows.update(rows[0])
+        draft_rows.update(rows[1])
+    packing = pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
     words = (PARAGRAPH * 20).split()[: args.prompt_words]
     message = "Summarise this text in two sentences: " + " ".join(words)
     input_ids = tokenizer.apply_chat_template(
@@ -142,7 +153,7 @@ def main() -> None:
     )["input_ids"]
     print(
         f"prompt {input_ids.shape[1]} tokens, {args.new_tokens} new tokens, draft vocabulary "
-        f"{draft.config.draft_vocab_size}, torch threads {torch.get_num_threads()}, "
+        f"{draft.config.draft_vocab_size}, torch threads {torch.get_num_threads()}, {packing}, "
         f"load average {os.getloadavg()[0]:.1f}"
     )
 

@@ -9,14 +9,18 @@ import platform
 import shlex
 import sys
 
-from ..benchmark import METHODS
+from ..benchmark import METHODS, PROMPT_LOOKUP_NUM_TOKENS
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-hf bench", description=__doc__.split("\n")[0])
     parser.add_argument("--head", default=None, help="EAGLE-3 head (folder or Hub id); default: the shipped head")
-    parser.add_argument("--datasets", nargs="+", default=["mt_bench", "humaneval", "sharegpt"],
-                        choices=["mt_bench", "humaneval", "sharegpt"])
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=["mt_bench", "humaneval", "sharegpt"],
+        choices=["mt_bench", "humaneval", "sharegpt"],
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument("--limit", type=int, default=None, help="prompts per dataset (default: all)")
@@ -27,6 +31,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tree-top-k", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--pack-weights",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="MKL-pack the linear weights for the row counts each method verifies (auto: on CPU with float32)",
+    )
     parser.add_argument("--output-dir", default="outputs/bench")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -34,9 +44,25 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def tree_kwargs_from_args(args) -> dict:
-    names = {"tree_total_tokens": args.tree_total_tokens, "tree_depth": args.tree_depth,
-             "tree_top_k": args.tree_top_k}
+    names = {"tree_total_tokens": args.tree_total_tokens, "tree_depth": args.tree_depth, "tree_top_k": args.tree_top_k}
     return {name: value for name, value in names.items() if value is not None}
+
+
+def pack_for_methods(target, draft, args) -> str:
+    """Pack the weights for the rows every benchmarked method verifies, so that no method is measured with a
+    slower kernel than another: the tree's nodes, the head's frontier and accepted paths, chain mode's chain + 1
+    and every prompt-lookup length (2 to `prompt_lookup_num_tokens + 1`)."""
+    from ..cpu_packing import pack_for_decoding, rows_for_tree
+    from ..generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
+    from ..generation.decoding import resolve_tree_settings
+
+    tree = resolve_tree_settings(draft, args.tree_total_tokens, args.tree_depth, args.tree_top_k)
+    target_rows, draft_rows = rows_for_tree(tree.total_tokens, tree.depth, tree.top_k)
+    if "chain" in args.methods:
+        target_rows.append(DEFAULT_NUM_ASSISTANT_TOKENS + 1)
+    if "prompt_lookup" in args.methods:
+        target_rows.extend(range(2, PROMPT_LOOKUP_NUM_TOKENS + 2))
+    return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 
 
 def machine_description() -> str:
@@ -58,14 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer, draft = load_default_pair(args.head)
+    packing = pack_for_methods(target, draft, args)
+    print(f"target and head: {packing}")
     prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns)
-    records = run_benchmark(target, tokenizer, draft, prompts, methods=args.methods,
-                            temperatures=args.temperatures, max_new_tokens=args.max_new_tokens,
-                            tree_kwargs=tree_kwargs_from_args(args), seed=args.seed,
-                            progress=not args.no_progress)
+    records = run_benchmark(
+        target,
+        tokenizer,
+        draft,
+        prompts,
+        methods=args.methods,
+        temperatures=args.temperatures,
+        max_new_tokens=args.max_new_tokens,
+        tree_kwargs=tree_kwargs_from_args(args),
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
     summary = summarize(records)
     command = "eagle3-hf bench " + shlex.join(sys.argv[2:] if argv is None else argv)
-    paths = write_report(summary, args.output_dir, machine_description(), command, plots=not args.no_plots)
+    machine = f"{machine_description()}, {packing}"
+    paths = write_report(summary, args.output_dir, machine, command, plots=not args.no_plots)
     print(markdown_table(summary))
     print("wrote " + ", ".join(str(p) for p in paths))
     mismatches = sum(row["greedy_mismatches"] for row in summary["rows"] if "/" not in row["dataset"])

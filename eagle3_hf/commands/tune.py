@@ -20,6 +20,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--datasets", nargs="+", default=["mt_bench"], choices=["mt_bench", "humaneval", "sharegpt"])
     parser.add_argument("--limit", type=int, default=4, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument(
+        "--pack-weights",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="MKL-pack the linear weights for every swept shape's row counts (auto: on CPU with float32)",
+    )
     parser.add_argument("--output", default="outputs/tune.json")
     parser.add_argument("--save", action="store_true", help="store the winner in the head's generation_config.json")
     return parser
@@ -34,15 +40,31 @@ def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progre
     results = []
     for total_tokens, depth, top_k in tqdm(shapes, desc="tree shapes", disable=not progress):
         tree_kwargs = {"tree_total_tokens": total_tokens, "tree_depth": depth, "tree_top_k": top_k}
-        records = run_benchmark(target, tokenizer, draft, prompts, methods=["plain", "tree"], temperatures=[0.0],
-                                max_new_tokens=max_new_tokens, tree_kwargs=tree_kwargs, warmup=0, progress=False)
+        records = run_benchmark(
+            target,
+            tokenizer,
+            draft,
+            prompts,
+            methods=["plain", "tree"],
+            temperatures=[0.0],
+            max_new_tokens=max_new_tokens,
+            tree_kwargs=tree_kwargs,
+            warmup=0,
+            progress=False,
+        )
         rows = [r for r in summarize(records)["rows"] if r["method"] == "tree" and "/" not in r["dataset"]]
         tokens = sum(r["new_tokens"] for r in rows)
         seconds = sum(r["seconds"] for r in rows)
         plain = [r for r in summarize(records)["rows"] if r["method"] == "plain" and "/" not in r["dataset"]]
         plain_speed = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
-        results.append({**tree_kwargs, "tokens_per_second": tokens / seconds, "speedup": tokens / seconds / plain_speed,
-                        "tau": _pooled_tau(rows)})
+        results.append(
+            {
+                **tree_kwargs,
+                "tokens_per_second": tokens / seconds,
+                "speedup": tokens / seconds / plain_speed,
+                "tau": _pooled_tau(rows),
+            }
+        )
     # Rank by speedup over the plain runs interleaved with the same shape: robust to load drifting between shapes.
     return sorted(results, key=lambda r: -r["speedup"])
 
@@ -55,26 +77,36 @@ def _pooled_tau(rows: list[dict]) -> float | None:
 
 def valid_shapes(total_tokens: list[int], depths: list[int], top_ks: list[int]) -> list[tuple[int, int, int]]:
     """Shapes where the tree can be filled: `total_tokens <= top_k + depth * top_k**2` candidates exist."""
-    return [(n, d, k) for n, d, k in itertools.product(total_tokens, depths, top_ks) if n <= k + (d - 1) * k * k
-            and n >= d]
+    return [
+        (n, d, k) for n, d, k in itertools.product(total_tokens, depths, top_ks) if n <= k + (d - 1) * k * k and n >= d
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     from ..bench_data import load_prompts
+    from ..cpu_packing import pack_for_decoding, rows_for_tree
     from ..defaults import DEFAULT_HEAD_DIR, load_default_pair
 
     target, tokenizer, draft = load_default_pair(args.head)
     prompts = load_prompts(args.datasets, args.limit, num_turns=1)
     shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
+    target_rows, draft_rows = set(), set()
+    for shape in shapes:
+        rows = rows_for_tree(*shape)
+        target_rows.update(rows[0])
+        draft_rows.update(rows[1])
+    print(pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights))
     results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
     for row in results[:10]:
         print(json.dumps(row))
     best = results[0]
-    print(f"fastest: total_tokens={best['tree_total_tokens']} depth={best['tree_depth']} top_k={best['tree_top_k']}"
-          f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']}")
+    print(
+        f"fastest: total_tokens={best['tree_total_tokens']} depth={best['tree_depth']} top_k={best['tree_top_k']}"
+        f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']}"
+    )
     if args.save:
         head_dir = Path(args.head or DEFAULT_HEAD_DIR)
         if not head_dir.is_dir():

@@ -1,0 +1,169 @@
+"""Pre-packed MKL weights for the few-row matrix products of speculative decoding on CPU.
+
+Verifying a draft tree feeds the target `N` tokens at once (`N` = 4 to 16), so every linear layer multiplies an
+`(N, in)` input by its weight. On CPU, PyTorch's fp32 `F.linear` handles one row with a streaming matrix-vector
+kernel, but for a few rows it calls MKL's general GEMM, which re-packs the *whole weight* into its blocked layout
+on every call. For a small model that packing costs more than the product itself. Measured on SmolLM2-135M (2-core
+Xeon, torch 2.13, `scripts/measure_round_overhead.py --pack-weights on`): one target forward over 8 tokens costs 2.3x a one-token step
+with stock weights, and 1.5x with weights packed once for 8 rows. Packing once for the tree size therefore cuts the
+cost of every verification round, which is what bounds the speedup on CPU.
+
+`pack_linear_weights(model, batch_sizes)` turns every plain `nn.Linear` of `model` into an `MklPackedLinear` that
+keeps its parameters (same tensors, same `state_dict`) and adds one packed copy of the weight per listed row count.
+Inputs with another row count (the one-token step of plain decoding, the prompt prefill) take the stock `F.linear`
+path, so plain `generate` on a packed model computes exactly what it computed before. Packed products round
+differently from stock GEMM in the last bits, as any change of GEMM kernel does (the stock kernel for 8 rows
+already differs from the one for 1 row). Memory: one extra copy of the linear weights per packed row count.
+
+`unpack_linear_weights(model)` restores plain `nn.Linear` layers. Only float32 weights on CPU are packed, with an
+MKL build of PyTorch (the default x86 wheels); a stale pack (the weight was modified, moved or cast) is rebuilt or
+bypassed, never used.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def mkl_packing_available() -> bool:
+    """True when this PyTorch build has the MKL packed-GEMM operators used here."""
+    return bool(torch._C.has_mkl) and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+class MklPackedLinear(nn.Linear):
+    """`nn.Linear` whose weight is also kept packed for MKL, for a fixed set of input row counts.
+
+    Created in place from an `nn.Linear` by `pack_linear_weights` (the module object, its parameters and hooks stay
+    the same). `forward` uses the packed weight when the input has exactly one of the packed row counts, no gradient
+    is needed and the weight is unchanged since packing; otherwise it is `nn.Linear.forward`.
+    """
+
+    # row count -> (weight version, weight data pointer, packed weight)
+    _mkl_packs: dict[int, tuple[int, int, torch.Tensor]]
+
+    def _packed_weight(self, rows: int) -> torch.Tensor | None:
+        entry = self._mkl_packs.get(rows)
+        if entry is None:
+            return None
+        weight = self.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        version, data_ptr, packed = entry
+        if version != weight._version or data_ptr != weight.data_ptr():
+            # the weight was modified in place or replaced since packing: pack it again
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+            self._mkl_packs[rows] = (weight._version, weight.data_ptr(), packed)
+        return packed
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // input.shape[-1] if input.numel() else 0
+        needs_grad = torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)
+        packed = None if needs_grad or input.dtype != torch.float32 else self._packed_weight(rows)
+        if packed is None:
+            return F.linear(input, self.weight, self.bias)
+        flat = input.reshape(rows, self.in_features).contiguous()
+        output = torch.ops.mkl._mkl_linear(flat, packed, self.weight, self.bias, rows)
+        return output.reshape(*input.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, packed_rows={sorted(self._mkl_packs)}"
+
+
+@torch.no_grad()
+def pack_linear_weights(model: nn.Module, batch_sizes) -> int:
+    """Pack the weight of every plain `nn.Linear` in `model` for inputs of `batch_sizes` rows (in place).
+
+    Args:
+        model (`nn.Module`): e.g. the target `PreTrainedModel`, float32 on CPU.
+        batch_sizes (iterable of `int`): input row counts to pack for (`batch * seq` of the linear's input), e.g.
+            `[tree_total_tokens]` for tree verification. 1 is refused: the stock one-row kernel is faster.
+
+    Returns:
+        The number of linear layers packed. Calling it again adds row counts; `unpack_linear_weights` undoes it.
+    """
+    if not mkl_packing_available():
+        raise RuntimeError(
+            "pack_linear_weights needs a PyTorch build with MKL (torch._C.has_mkl is False here); the default x86 "
+            "CPU wheels have it."
+        )
+    sizes = sorted(set(batch_sizes))
+    if not sizes or any(not isinstance(size, int) or size < 2 for size in sizes):
+        raise ValueError(f"batch_sizes must be ints >= 2 (one row already has the fastest kernel), got {sizes}.")
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    for module in linears:
+        weight = module.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            raise ValueError(
+                f"pack_linear_weights packs float32 weights on CPU; {type(model).__name__} has a {weight.dtype} "
+                f"weight on {weight.device}. Load the model with dtype=torch.float32 on CPU, or do not pack."
+            )
+    packed = 0
+    for module in linears:
+        if type(module) is nn.Linear:
+            module.__class__ = MklPackedLinear
+            module._mkl_packs = {}
+        elif type(module) is not MklPackedLinear:
+            continue  # a subclass with its own forward (quantized, LoRA, ...): leave it alone
+        for size in sizes:
+            if size not in module._mkl_packs:
+                pack = torch.ops.mkl._mkl_reorder_linear_weight(module.weight.detach(), size)
+                module._mkl_packs[size] = (module.weight._version, module.weight.data_ptr(), pack)
+        packed += 1
+    return packed
+
+
+def unpack_linear_weights(model: nn.Module) -> int:
+    """Turn every `MklPackedLinear` of `model` back into a plain `nn.Linear`; returns how many were restored."""
+    restored = 0
+    for module in model.modules():
+        if type(module) is MklPackedLinear:
+            del module._mkl_packs
+            module.__class__ = nn.Linear
+            restored += 1
+    return restored
+
+
+PACK_MODES = ("auto", "on", "off")
+
+
+def rows_for_tree(total_tokens: int, depth: int, top_k: int) -> tuple[list[int], list[int]]:
+    """Row counts worth packing for tree decoding: `(target_rows, draft_rows)`.
+
+    The target verifies `total_tokens` nodes per round. The head feeds `top_k` frontier nodes per level and
+    re-encodes the 1 to `depth + 1` tokens of each round's accepted path.
+    """
+    target_rows = [total_tokens] if total_tokens >= 2 else []
+    draft_rows = sorted({top_k, *range(2, depth + 2)} - {0, 1})
+    return target_rows, draft_rows
+
+
+def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, draft_rows, mode: str = "auto") -> str:
+    """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
+
+    `mode`: `"on"` packs (and raises where it cannot), `"off"` does nothing, `"auto"` packs when MKL is available
+    and the target is float32 on CPU. Used by `eagle3-hf demo`, `bench` and `tune`.
+    """
+    if mode not in PACK_MODES:
+        raise ValueError(f"pack mode {mode!r}; expected one of {PACK_MODES}.")
+    weight = next(target.parameters())
+    if mode == "off" or (
+        mode == "auto"
+        and not (mkl_packing_available() and weight.device.type == "cpu" and weight.dtype == torch.float32)
+    ):
+        return "stock weights"
+    target_rows = sorted(set(target_rows))
+    pack_linear_weights(target, target_rows)
+    if draft is not None and draft_rows:
+        pack_linear_weights(draft, sorted(set(draft_rows)))
+    return f"MKL-packed weights (target rows {target_rows}, head rows {sorted(set(draft_rows))})"
+
+
+__all__ = [
+    "MklPackedLinear",
+    "PACK_MODES",
+    "mkl_packing_available",
+    "pack_for_decoding",
+    "pack_linear_weights",
+    "rows_for_tree",
+    "unpack_linear_weights",
+]

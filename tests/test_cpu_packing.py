@@ -1,0 +1,103 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.cpu_packing import (
+    MklPackedLinear,
+    mkl_packing_available,
+    pack_linear_weights,
+    unpack_linear_weights,
+)
+
+from .conftest import make_tiny_target
+
+
+pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL")
+
+
+def test_packed_rows_match_linear_and_other_rows_are_bit_identical():
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 80)
+    stock = copy.deepcopy(layer)
+    weight = layer.weight
+    assert pack_linear_weights(layer, [6]) == 1
+    assert type(layer) is MklPackedLinear and layer.weight is weight  # same module, same parameter
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    packed_input = torch.randn(2, 3, 48)  # 6 rows: the packed kernel
+    torch.testing.assert_close(layer(packed_input), stock(packed_input), rtol=1e-5, atol=1e-5)
+    for shape in [(1, 1, 48), (1, 5, 48), (7, 48)]:  # other row counts: exactly the stock computation
+        x = torch.randn(shape)
+        assert torch.equal(layer(x), stock(x))
+
+
+def test_a_modified_weight_is_repacked_not_served_stale():
+    layer = nn.Linear(16, 24, bias=False)
+    pack_linear_weights(layer, [4])
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        layer.weight.mul_(-2.0)
+    torch.testing.assert_close(layer(x), x @ layer.weight.T, rtol=1e-5, atol=1e-5)
+    layer.load_state_dict({"weight": torch.randn(24, 16)})
+    torch.testing.assert_close(layer(x), x @ layer.weight.T, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_take_the_stock_path():
+    layer = nn.Linear(8, 8)
+    pack_linear_weights(layer, [3])
+    x = torch.randn(3, 8, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_bad_requests_raise_and_unpack_restores_plain_linears():
+    model = make_tiny_target()
+    with pytest.raises(ValueError, match=">= 2"):
+        pack_linear_weights(model, [1])
+    with pytest.raises(ValueError, match="float32"):
+        pack_linear_weights(copy.deepcopy(model).to(torch.bfloat16), [4])
+    count = pack_linear_weights(model, [4, 8])
+    assert count == sum(isinstance(m, nn.Linear) for m in model.modules()) and "packed_rows=[4, 8]" in repr(model)
+    assert unpack_linear_weights(model) == count
+    assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def test_tree_decoding_on_packed_models_equals_plain_generate():
+    target = make_tiny_target()
+    torch.manual_seed(1)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    prompt = torch.randint(0, 128, (1, 9))
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    pack_linear_weights(target, [6])
+    pack_linear_weights(draft, [2, 3])
+    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=20), plain)  # 1-row steps: stock
+    tree = target.generate(
+        prompt,
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=20,
+        tree_total_tokens=6,
+        tree_depth=3,
+        tree_top_k=2,
+    )
+    assert torch.equal(tree, plain)
+
+
+def test_rows_for_tree_and_pack_for_decoding_modes():
+    from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_tree
+
+    assert rows_for_tree(8, 3, 4) == ([8], [2, 3, 4])
+    assert rows_for_tree(1, 0, 1) == ([], [])
+    target = make_tiny_target()
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    assert pack_for_decoding(target, draft, [8], [2], "off") == "stock weights"
+    assert not any(type(m) is MklPackedLinear for m in target.modules())
+    assert pack_for_decoding(target.to(torch.bfloat16), draft, [8], [2], "auto") == "stock weights"
+    target.float()
+    description = pack_for_decoding(target, draft, [8, 6], [2], "auto")
+    assert description == "MKL-packed weights (target rows [6, 8], head rows [2])"
+    assert type(target.lm_head) is MklPackedLinear and type(draft.fc) is MklPackedLinear
+    with pytest.raises(ValueError, match="pack mode"):
+        pack_for_decoding(target, draft, [8], [2], "yes")
