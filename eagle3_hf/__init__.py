@@ -3,6 +3,7 @@
 from transformers import AutoConfig, AutoModel
 
 from .configuration_eagle3 import Eagle3Config
+from .cpu_packing import pack_linear_weights, unpack_linear_weights
 from .generation import DraftTree, Eagle3GenerateOutput, eagle3_generate  # also installs the generate() wrapper
 from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
 
@@ -43,4 +44,6 @@ __all__ = [
     "Eagle3GenerateOutput",
     "__version__",
     "eagle3_generate",
+    "pack_linear_weights",
+    "unpack_linear_weights",
 ]

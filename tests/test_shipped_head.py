@@ -38,6 +38,9 @@ def test_demo_command_runs(capsys):
     assert main(["--prompts", "Say hello.", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "tau" in out and "speedup" in out and "greedy outputs identical" in out
+    from eagle3_hf.cpu_packing import mkl_packing_available
+
+    assert ("MKL-packed weights" in out) == mkl_packing_available()  # --pack-weights auto on a float32 CPU target
 
 
 @pytest.mark.real_model
