@@ -126,6 +126,25 @@ def unpack_linear_weights(model: nn.Module) -> int:
 PACK_MODES = ("auto", "on", "off")
 
 
+def is_packed_for(model: nn.Module, rows: int) -> bool:
+    """True when every linear layer of `model` has a packed weight for inputs of `rows` rows."""
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    return bool(linears) and all(type(m) is MklPackedLinear and rows in m._mkl_packs for m in linears)
+
+
+def packing_would_help(model: nn.Module, rows: int) -> bool:
+    """True when `model` is float32 on CPU with MKL available, `rows >= 2`, and not yet packed for `rows`."""
+    weight = next(model.parameters(), None)
+    return (
+        weight is not None
+        and rows >= 2
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and mkl_packing_available()
+        and not is_packed_for(model, rows)
+    )
+
+
 def rows_for_tree(total_tokens: int, depth: int, top_k: int) -> tuple[list[int], list[int]]:
     """Row counts worth packing for tree decoding: `(target_rows, draft_rows)`.
 
@@ -161,6 +180,8 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
 __all__ = [
     "MklPackedLinear",
     "PACK_MODES",
+    "is_packed_for",
+    "packing_would_help",
     "mkl_packing_available",
     "pack_for_decoding",
     "pack_linear_weights",

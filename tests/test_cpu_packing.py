@@ -101,3 +101,15 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
     assert type(target.lm_head) is MklPackedLinear and type(draft.fc) is MklPackedLinear
     with pytest.raises(ValueError, match="pack mode"):
         pack_for_decoding(target, draft, [8], [2], "yes")
+
+
+def test_packing_would_help_until_the_tree_size_is_packed():
+    from eagle3_hf.cpu_packing import is_packed_for, packing_would_help
+
+    target = make_tiny_target()
+    assert packing_would_help(target, 8) and not packing_would_help(target, 1)
+    pack_linear_weights(target, [6])
+    assert not is_packed_for(target, 8) and packing_would_help(target, 8)
+    pack_linear_weights(target, [8])
+    assert is_packed_for(target, 8) and not packing_would_help(target, 8)
+    assert not packing_would_help(make_tiny_target().to(torch.bfloat16), 8)

@@ -18,13 +18,18 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput, LogitsProcessorList, StoppingCriteriaList
+from transformers.utils import logging
 
+from ..cpu_packing import packing_would_help
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
 from .drafter import TreeDrafter
 from .kv_cache import keep_tree_entries
 from .tree import DraftTree, greedy_accept, sample_accept
 from .verify import check_tree_attention, check_tree_cache, process_tree_logits, verify_tree
+
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,12 @@ def eagle3_generate(
     _check_request(model, input_ids, generation_config, model_kwargs)
     settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k)
     draft = prepare_draft(draft_model, model)
+    if packing_would_help(model, settings.total_tokens):
+        logger.warning_once(
+            f"Tree decoding on CPU: every round runs the target on {settings.total_tokens} tokens, which stock "
+            f"float32 GEMM handles slowly. `eagle3_hf.pack_linear_weights(target, [{settings.total_tokens}])` "
+            "(one extra copy of the linear weights) makes each verification much cheaper; see docs/decoding.md."
+        )
     decoder = _TreeDecoder(
         model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer
     )
