@@ -4,9 +4,9 @@ Verifying a draft tree feeds the target `N` tokens at once (`N` = 4 to 16), so e
 `(N, in)` input by its weight. On CPU, PyTorch's fp32 `F.linear` handles one row with a streaming matrix-vector
 kernel, but for a few rows it calls MKL's general GEMM, which re-packs the *whole weight* into its blocked layout
 on every call. For a small model that packing costs more than the product itself. Measured on SmolLM2-135M (2-core
-Xeon, torch 2.13, `scripts/measure_round_overhead.py --pack-weights on`): one target forward over 8 tokens costs 2.3x a one-token step
-with stock weights, and 1.5x with weights packed once for 8 rows. Packing once for the tree size therefore cuts the
-cost of every verification round, which is what bounds the speedup on CPU.
+Xeon, torch 2.13, `scripts/measure_verify_cost.py --threads 2`): one target forward over 8 tokens costs 2.3x a
+one-token step with stock weights, and 1.5x with weights packed once for 8 rows. Packing once for the tree size
+therefore cuts the cost of every verification round, which is what bounds the speedup on CPU.
 
 `pack_linear_weights(model, batch_sizes)` turns every plain `nn.Linear` of `model` into an `MklPackedLinear` that
 keeps its parameters (same tensors, same `state_dict`) and adds one packed copy of the weight per listed row count.
