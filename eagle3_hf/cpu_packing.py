@@ -30,6 +30,11 @@ def mkl_packing_available() -> bool:
     return bool(torch._C.has_mkl) and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def _is_packable(weight: torch.Tensor) -> bool:
+    """The packed kernel serves float32 weights on CPU only."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
 class MklPackedLinear(nn.Linear):
     """`nn.Linear` whose weight is also kept packed for MKL, for a fixed set of input row counts.
 
@@ -46,7 +51,7 @@ class MklPackedLinear(nn.Linear):
         if entry is None:
             return None
         weight = self.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        if not _is_packable(weight):
             return None
         version, data_ptr, packed = entry
         if version != weight._version or data_ptr != weight.data_ptr():
@@ -92,7 +97,7 @@ def pack_linear_weights(model: nn.Module, batch_sizes) -> int:
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
     for module in linears:
         weight = module.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        if not _is_packable(weight):
             raise ValueError(
                 f"pack_linear_weights packs float32 weights on CPU; {type(model).__name__} has a {weight.dtype} "
                 f"weight on {weight.device}. Load the model with dtype=torch.float32 on CPU, or do not pack."
@@ -132,17 +137,15 @@ def is_packed_for(model: nn.Module, rows: int) -> bool:
     return bool(linears) and all(type(m) is MklPackedLinear and rows in m._mkl_packs for m in linears)
 
 
+def _model_is_packable(model: nn.Module) -> bool:
+    """True when MKL is available and `model`'s (first) weight is float32 on CPU."""
+    weight = next(model.parameters(), None)
+    return weight is not None and mkl_packing_available() and _is_packable(weight)
+
+
 def packing_would_help(model: nn.Module, rows: int) -> bool:
     """True when `model` is float32 on CPU with MKL available, `rows >= 2`, and not yet packed for `rows`."""
-    weight = next(model.parameters(), None)
-    return (
-        weight is not None
-        and rows >= 2
-        and weight.device.type == "cpu"
-        and weight.dtype == torch.float32
-        and mkl_packing_available()
-        and not is_packed_for(model, rows)
-    )
+    return rows >= 2 and _model_is_packable(model) and not is_packed_for(model, rows)
 
 
 def rows_for_tree(total_tokens: int, depth: int, top_k: int) -> tuple[list[int], list[int]]:
@@ -156,6 +159,16 @@ def rows_for_tree(total_tokens: int, depth: int, top_k: int) -> tuple[list[int],
     return target_rows, draft_rows
 
 
+def rows_for_trees(shapes) -> tuple[list[int], list[int]]:
+    """`rows_for_tree` over several `(total_tokens, depth, top_k)` shapes (e.g. a `tune` sweep), merged."""
+    target_rows, draft_rows = set(), set()
+    for shape in shapes:
+        tree_target_rows, tree_draft_rows = rows_for_tree(*shape)
+        target_rows.update(tree_target_rows)
+        draft_rows.update(tree_draft_rows)
+    return sorted(target_rows), sorted(draft_rows)
+
+
 def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, draft_rows, mode: str = "auto") -> str:
     """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
 
@@ -164,17 +177,13 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
     """
     if mode not in PACK_MODES:
         raise ValueError(f"pack mode {mode!r}; expected one of {PACK_MODES}.")
-    weight = next(target.parameters())
-    if mode == "off" or (
-        mode == "auto"
-        and not (mkl_packing_available() and weight.device.type == "cpu" and weight.dtype == torch.float32)
-    ):
+    if mode == "off" or (mode == "auto" and not _model_is_packable(target)):
         return "stock weights"
-    target_rows = sorted(set(target_rows))
+    target_rows, draft_rows = sorted(set(target_rows)), sorted(set(draft_rows))
     pack_linear_weights(target, target_rows)
     if draft is not None and draft_rows:
-        pack_linear_weights(draft, sorted(set(draft_rows)))
-    return f"MKL-packed weights (target rows {target_rows}, head rows {sorted(set(draft_rows))})"
+        pack_linear_weights(draft, draft_rows)
+    return f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows})"
 
 
 __all__ = [
@@ -186,5 +195,6 @@ __all__ = [
     "pack_for_decoding",
     "pack_linear_weights",
     "rows_for_tree",
+    "rows_for_trees",
     "unpack_linear_weights",
 ]

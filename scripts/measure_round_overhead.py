@@ -31,7 +31,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel
 from eagle3_hf.assets import load_smollm2
-from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_tree
+from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_trees
 from eagle3_hf.generation import decoding, drafter, original_generate
 
 
@@ -140,12 +140,7 @@ def main() -> None:
     target.generation_config.eos_token_id = None
     overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
     draft = Eagle3DraftModel.from_target(target, **overrides)
-    target_rows, draft_rows = set(), set()
-    for shape in shapes:
-        rows = rows_for_tree(*shape)
-        target_rows.update(rows[0])
-        draft_rows.update(rows[1])
-    packing = pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
+    packing = pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights)
     words = (PARAGRAPH * 20).split()[: args.prompt_words]
     message = "Summarise this text in two sentences: " + " ".join(words)
     input_ids = tokenizer.apply_chat_template(

@@ -86,10 +86,11 @@ def test_tree_decoding_on_packed_models_equals_plain_generate():
 
 
 def test_rows_for_tree_and_pack_for_decoding_modes():
-    from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_tree
+    from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_tree, rows_for_trees
 
     assert rows_for_tree(8, 3, 4) == ([8], [2, 3, 4])
     assert rows_for_tree(1, 0, 1) == ([], [])
+    assert rows_for_trees([(8, 3, 4), (16, 4, 8), (8, 3, 2)]) == ([8, 16], [2, 3, 4, 5, 8])
     target = make_tiny_target()
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
     assert pack_for_decoding(target, draft, [8], [2], "off") == "stock weights"

@@ -85,18 +85,13 @@ def valid_shapes(total_tokens: list[int], depths: list[int], top_ks: list[int]) 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     from ..bench_data import load_prompts
-    from ..cpu_packing import pack_for_decoding, rows_for_tree
+    from ..cpu_packing import pack_for_decoding, rows_for_trees
     from ..defaults import DEFAULT_HEAD_DIR, load_default_pair
 
     target, tokenizer, draft = load_default_pair(args.head)
     prompts = load_prompts(args.datasets, args.limit, num_turns=1)
     shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
-    target_rows, draft_rows = set(), set()
-    for shape in shapes:
-        rows = rows_for_tree(*shape)
-        target_rows.update(rows[0])
-        draft_rows.update(rows[1])
-    print(pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights))
+    print(pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights))
     results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
