@@ -173,17 +173,23 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
     """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
 
     `mode`: `"on"` packs (and raises where it cannot), `"off"` does nothing, `"auto"` packs when MKL is available
-    and the target is float32 on CPU. Used by `eagle3-hf demo`, `bench` and `tune`.
+    and the target is float32 on CPU. Packing also switches an `sdpa` target to `eagle3_hf.gqa_attention`'s grouped
+    backend (no `repeat_kv` copy under tree masks; outputs equal to `sdpa`'s). Used by `eagle3-hf demo`, `bench`,
+    `tune` and `regenerate`.
     """
     if mode not in PACK_MODES:
         raise ValueError(f"pack mode {mode!r}; expected one of {PACK_MODES}.")
     if mode == "off" or (mode == "auto" and not _model_is_packable(target)):
         return "stock weights"
+    from .gqa_attention import use_grouped_sdpa
+
     target_rows, draft_rows = sorted(set(target_rows)), sorted(set(draft_rows))
     pack_linear_weights(target, target_rows)
     if draft is not None and draft_rows:
         pack_linear_weights(draft, draft_rows)
-    return f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows})"
+    grouped = hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target)
+    attention = "; grouped-query SDPA under tree masks" if grouped else ""
+    return f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows}){attention}"
 
 
 __all__ = [

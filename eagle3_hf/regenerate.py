@@ -51,6 +51,7 @@ class _Conversation:
     id: Any
     user_turns: list[str]
     messages: list[dict[str, str]]  # the optional system message, then user/assistant pairs
+    source_answer_length: int = 0  # characters of the source's first answer: predicts how long ours will be
     finish_reasons: list[str] = field(default_factory=list)
     done: bool = False
 
@@ -142,7 +143,9 @@ def generate_replies(
     return replies
 
 
-def _start_conversation(index: int, record: Any, stats: RegenerationStats) -> _Conversation | None:
+def _start_conversation(
+    index: int, record: Any, stats: RegenerationStats, max_turns: int | None
+) -> _Conversation | None:
     try:
         messages = normalize_messages(record)
     except ValueError as error:
@@ -150,12 +153,14 @@ def _start_conversation(index: int, record: Any, stats: RegenerationStats) -> _C
         logger.debug(f"Skipping record {index}: {error}")
         return None
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
-    user_turns = [message["content"] for message in messages if message["role"] == "user"]
+    user_turns = [message["content"] for message in messages if message["role"] == "user"][:max_turns]
     if not user_turns:
         stats.skipped_empty += 1
         return None
+    first_user = next(i for i, message in enumerate(messages) if message["role"] == "user")
+    answers = [message["content"] for message in messages[first_user:] if message["role"] == "assistant"]
     record_id = record.get("id", index) if isinstance(record, dict) else index
-    return _Conversation(index, record_id, user_turns, system)
+    return _Conversation(index, record_id, user_turns, system, len(answers[0]) if answers else 0)
 
 
 def make_generation_config(
@@ -166,13 +171,23 @@ def make_generation_config(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int | None = None,
+    cache_implementation: str | None = None,
 ) -> GenerationConfig:
-    """Greedy (default) or sampled decoding that stops at any of the model's or tokenizer's EOS ids."""
+    """Greedy (default) or sampled decoding that stops at any of the model's or tokenizer's EOS ids.
+
+    `cache_implementation` goes to `GenerationConfig` (`None`: the dynamic cache; `"static"` preallocates the KV
+    cache per `generate` call, which on CPU avoids re-concatenating every layer's cache at every step).
+    """
     eos = _eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos, pad_token_id=pad, **sampling
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        cache_implementation=cache_implementation,
+        **sampling,
     )
 
 
@@ -186,6 +201,7 @@ def regenerate(
     limit: int | None = None,
     batch_size: int = 8,
     max_length: int = 2048,
+    max_turns: int | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> RegenerationStats:
@@ -200,8 +216,11 @@ def regenerate(
         generation_config: from `make_generation_config` (greedy, 512 new tokens by default).
         offset, limit: the slice of the source to regenerate (keep a held-out slice out of training this way).
         batch_size: conversations answered per `generate` call (left padding); finished ones are replaced at once.
-            Conversations are processed shortest first prompt first, so the output is not in source order.
+            Conversations are processed in order of their source's first answer length (the best guess of ours),
+            so the output is not in source order.
         max_length: a conversation ends before a turn whose prompt reaches this many tokens (training cuts there).
+        max_turns: answer only the first `max_turns` user turns of each conversation (default: all). A batch waits
+            for its longest answer, so multi-turn conversations cost one batch per turn.
         seed: seeds sampling (`transformers.set_seed`); with batching, a resumed run is not bit-identical.
     """
     from tqdm.auto import tqdm
@@ -217,10 +236,11 @@ def regenerate(
     for index, record in iter_records(source, offset, limit):
         if index in done:
             stats.skipped_done += 1
-        elif (conversation := _start_conversation(index, record, stats)) is not None:
+        elif (conversation := _start_conversation(index, record, stats, max_turns)) is not None:
             conversations.append(conversation)
-    # Similar lengths in a batch waste less compute on padding; the output order does not matter (see `index`).
-    conversations.sort(key=lambda c: sum(len(m["content"]) for m in c.next_prompt()))
+    # A batch runs until its longest answer ends and pads to its longest prompt. Batching conversations whose source
+    # answers had similar lengths (then similar prompts) wastes less; the output order does not matter (`index`).
+    conversations.sort(key=lambda c: (c.source_answer_length, sum(len(m["content"]) for m in c.next_prompt())))
     pending, active = iter(conversations), []
     with (
         open(output_path, "a", encoding="utf-8") as output,

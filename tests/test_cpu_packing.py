@@ -98,7 +98,8 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
     assert pack_for_decoding(target.to(torch.bfloat16), draft, [8], [2], "auto") == "stock weights"
     target.float()
     description = pack_for_decoding(target, draft, [8, 6], [2], "auto")
-    assert description == "MKL-packed weights (target rows [6, 8], head rows [2])"
+    assert description == "MKL-packed weights (target rows [6, 8], head rows [2]); grouped-query SDPA under tree masks"
+    assert target.config._attn_implementation == "eagle3_grouped_sdpa"
     assert type(target.lm_head) is MklPackedLinear and type(draft.fc) is MklPackedLinear
     with pytest.raises(ValueError, match="pack mode"):
         pack_for_decoding(target, draft, [8], [2], "yes")

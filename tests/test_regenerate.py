@@ -95,6 +95,14 @@ class TestRegenerate:
         assert [m["role"] for m in records["system-first"]["messages"]] == ["system", "user", "assistant"]
         assert stats.new_tokens == 4 * 4 and stats.tokens_per_second > 0
 
+    def test_max_turns_keeps_the_first_user_turns(self, target, tmp_path):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=3)
+        stats = regenerate(model, tokenizer, SOURCE, tmp_path / "out.jsonl", config, max_turns=1, progress=False)
+        records = {r["id"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
+        assert stats.turns == 3 and len(records["two-turns"]["messages"]) == 2
+        assert records["two-turns"]["messages"][0]["content"] == "What is the capital of France?"
+
     def test_batched_multi_turn_equals_one_by_one(self, target, tmp_path):
         """Left padding does not change greedy answers, and turn 2 is answered after the target's own turn 1."""
         model, tokenizer = target
@@ -163,6 +171,16 @@ class TestRegenerate:
         with pytest.raises(ValueError, match="chat template"):
             regenerate(model, plain, SOURCE, tmp_path / "out.jsonl", progress=False)
 
+    def test_static_cache_gives_the_same_replies(self, target):
+        model, tokenizer = target
+        prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+        dynamic = make_generation_config(model, tokenizer, max_new_tokens=6)
+        static = make_generation_config(model, tokenizer, max_new_tokens=6, cache_implementation="static")
+        assert static.cache_implementation == "static" and dynamic.cache_implementation is None
+        assert generate_replies(model, tokenizer, prompts, static) == generate_replies(
+            model, tokenizer, prompts, dynamic
+        )
+
     def test_command_line(self, target, tmp_path, capsys):
         model, tokenizer = target
         model.save_pretrained(tmp_path / "model")
@@ -185,7 +203,13 @@ class TestRegenerate:
         ]
         assert regenerate_command.main(argv) == 0
         assert "wrote 2 conversations" in capsys.readouterr().out
-        assert sorted(r["index"] for r in read_jsonl(tmp_path / "out.jsonl")) == [0, 2]
+        records = read_jsonl(tmp_path / "out.jsonl")
+        assert sorted(r["index"] for r in records) == [0, 2]
+        # The CPU speed-ups (static cache, weights packed for the batch's row count) do not change the answers.
+        fast = [*argv[:5], str(tmp_path / "fast.jsonl"), *argv[6:], "--cache-implementation", "static"]
+        assert regenerate_command.main([*fast, "--batch-size", "2", "--pack-weights", "auto"]) == 0
+        by_index = {r["index"]: r["messages"] for r in records}
+        assert {r["index"]: r["messages"] for r in read_jsonl(tmp_path / "fast.jsonl")} == by_index
 
 
 @pytest.mark.real_model

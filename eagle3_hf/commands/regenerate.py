@@ -18,6 +18,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=8, help="Conversations per generate call.")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="Longest answer per turn.")
     parser.add_argument("--max-length", type=int, default=2048, help="Stop a conversation once a prompt is this long.")
+    parser.add_argument(
+        "--max-turns", type=int, default=None, help="Answer only the first N user turns of each conversation."
+    )
     parser.add_argument("--do-sample", action="store_true", help="Sample instead of greedy decoding.")
     parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (with --do-sample).")
     parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (with --do-sample).")
@@ -25,6 +28,19 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="Random seed.")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
+    parser.add_argument(
+        "--cache-implementation",
+        default="auto",
+        help="KV cache for generate: 'auto' uses 'static' on CPU (no per-step concatenation; measured 1.3x faster "
+        "here at batch 32) and the model's default elsewhere; 'dynamic', 'static' or any cache name generate takes.",
+    )
+    parser.add_argument(
+        "--pack-weights",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="MKL-pack the linear weights for --batch-size rows, the row count of every decoding step (auto: on CPU "
+        "with float32).",
+    )
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
     return parser
 
@@ -32,12 +48,27 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from eagle3_hf.cpu_packing import pack_for_decoding
     from eagle3_hf.regenerate import load_target, make_generation_config, regenerate
 
     model, tokenizer = load_target(args.model, dtype=args.dtype, device=args.device)
+    cache_implementation = args.cache_implementation
+    if cache_implementation == "auto":
+        cache_implementation = "static" if model.device.type == "cpu" else None
+    elif cache_implementation == "dynamic":
+        cache_implementation = None
     generation_config = make_generation_config(
-        model, tokenizer, args.max_new_tokens, args.do_sample, args.temperature, args.top_p, args.top_k
+        model,
+        tokenizer,
+        args.max_new_tokens,
+        args.do_sample,
+        args.temperature,
+        args.top_p,
+        args.top_k,
+        cache_implementation=cache_implementation,
     )
+    packing = pack_for_decoding(model, None, [args.batch_size], [], args.pack_weights)
+    logging.getLogger("eagle3_hf.regenerate").info(f"{packing}; KV cache: {cache_implementation or 'dynamic'}")
     stats = regenerate(
         model,
         tokenizer,
@@ -48,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         limit=args.limit,
         batch_size=args.batch_size,
         max_length=args.max_length,
+        max_turns=args.max_turns,
         seed=args.seed,
         progress=not args.no_progress,
     )

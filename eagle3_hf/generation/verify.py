@@ -19,7 +19,7 @@ from ..target import gather_target_features
 from .tree import DraftTree, additive_mask, node_sequences, tree_position_ids, tree_visibility
 
 
-TREE_MASK_BACKENDS = ("sdpa", "eager")
+TREE_MASK_BACKENDS = ("sdpa", "eager", "eagle3_grouped_sdpa")  # the last: `eagle3_hf.gqa_attention`
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:
