@@ -51,7 +51,6 @@ class _Conversation:
     id: Any
     user_turns: list[str]
     messages: list[dict[str, str]]  # the optional system message, then user/assistant pairs
-    source_answer_length: int = 0  # characters of the source's first answer: predicts how long ours will be
     finish_reasons: list[str] = field(default_factory=list)
     done: bool = False
 
@@ -157,10 +156,8 @@ def _start_conversation(
     if not user_turns:
         stats.skipped_empty += 1
         return None
-    first_user = next(i for i, message in enumerate(messages) if message["role"] == "user")
-    answers = [message["content"] for message in messages[first_user:] if message["role"] == "assistant"]
     record_id = record.get("id", index) if isinstance(record, dict) else index
-    return _Conversation(index, record_id, user_turns, system, len(answers[0]) if answers else 0)
+    return _Conversation(index, record_id, user_turns, system)
 
 
 def make_generation_config(
@@ -216,8 +213,7 @@ def regenerate(
         generation_config: from `make_generation_config` (greedy, 512 new tokens by default).
         offset, limit: the slice of the source to regenerate (keep a held-out slice out of training this way).
         batch_size: conversations answered per `generate` call (left padding); finished ones are replaced at once.
-            Conversations are processed in order of their source's first answer length (the best guess of ours),
-            so the output is not in source order.
+            Conversations are processed shortest first prompt first, so the output is not in source order.
         max_length: a conversation ends before a turn whose prompt reaches this many tokens (training cuts there).
         max_turns: answer only the first `max_turns` user turns of each conversation (default: all). A batch waits
             for its longest answer, so multi-turn conversations cost one batch per turn.
@@ -238,9 +234,10 @@ def regenerate(
             stats.skipped_done += 1
         elif (conversation := _start_conversation(index, record, stats, max_turns)) is not None:
             conversations.append(conversation)
-    # A batch runs until its longest answer ends and pads to its longest prompt. Batching conversations whose source
-    # answers had similar lengths (then similar prompts) wastes less; the output order does not matter (`index`).
-    conversations.sort(key=lambda c: (c.source_answer_length, sum(len(m["content"]) for m in c.next_prompt())))
+    # A batch pads to its longest prompt, and prefilling is most of a batch's cost on CPU (SmolLM2-135M, 2 cores:
+    # 800 prompt tokens/s against 140 generated tokens/s at batch 32); similar prompt lengths waste the least. The
+    # output order does not matter (`index`).
+    conversations.sort(key=lambda c: sum(len(m["content"]) for m in c.next_prompt()))
     pending, active = iter(conversations), []
     with (
         open(output_path, "a", encoding="utf-8") as output,

@@ -3,8 +3,11 @@
 The target holds a 200-token prefix in its cache; each measurement feeds N random tokens, keeps the fastest of six
 runs (other processes only ever slow a run down) and crops the cache back. Packed weights are
 `eagle3_hf.pack_linear_weights(target, N values)`; N = 1 is never packed (the stock one-row kernel is used).
+`--tree-mask` feeds the N tokens under an explicit 4-D causal mask, as a tree verification does (a mask is what
+makes `sdpa` copy the keys and values per query head); `--grouped-sdpa` then also measures
+`eagle3_hf.gqa_attention`'s backend, which does not copy them.
 
-    .venv/bin/python scripts/measure_verify_cost.py --threads 2
+    .venv/bin/python scripts/measure_verify_cost.py --threads 2 --tree-mask --grouped-sdpa
 """
 
 import argparse
@@ -15,19 +18,32 @@ from transformers.cache_utils import DynamicCache
 
 from eagle3_hf import pack_linear_weights
 from eagle3_hf.assets import load_smollm2
+from eagle3_hf.generation.tree import additive_mask
+from eagle3_hf.gqa_attention import use_grouped_sdpa
 
 
-def forward_ms(target, prefix: torch.LongTensor, num_new: int, repeats: int = 6) -> float:
+def forward_ms(target, prefix: torch.LongTensor, num_new: int, tree_mask: bool, repeats: int = 6) -> float:
     with torch.no_grad():
         cache = DynamicCache(config=target.config)
         target(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
         start = prefix.shape[1]
         ids = torch.randint(0, target.config.vocab_size, (1, num_new))
         positions = torch.arange(start, start + num_new)[None]
+        mask = None
+        if tree_mask:  # a chain is a tree: node i sees the prefix and nodes 0..i
+            visible = torch.ones(num_new, start + num_new, dtype=torch.bool).tril(diagonal=start)
+            mask = additive_mask(visible, target.dtype)
         best = float("inf")
         for _ in range(repeats):
             begin = time.perf_counter()
-            target(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=0)
+            target(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=0,
+            )
             best = min(best, time.perf_counter() - begin)
             cache.crop(-num_new)
     return best * 1000
@@ -37,20 +53,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8, 12, 16, 24])
+    parser.add_argument("--tree-mask", action="store_true", help="pass a 4-D mask for N > 1, as tree verification")
+    parser.add_argument("--grouped-sdpa", action="store_true", help="also measure packed + grouped-query SDPA")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     target, _ = load_smollm2()
     prefix = torch.randint(0, target.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
-    stock = {n: forward_ms(target, prefix, n) for n in args.sizes}
+
+    def measure() -> dict[int, float]:  # N = 1 is a plain decoding step: never masked
+        return {n: forward_ms(target, prefix, n, args.tree_mask and n > 1) for n in args.sizes}
+
+    columns = {"stock": measure()}
     pack_linear_weights(target, [n for n in args.sizes if n > 1])
-    packed = {n: forward_ms(target, prefix, n) for n in args.sizes}
+    columns["packed"] = measure()
+    if args.grouped_sdpa:
+        use_grouped_sdpa(target)
+        columns["packed + grouped SDPA"] = measure()
+    base = columns["stock"][1]
     print(
-        f"torch threads {torch.get_num_threads()}; forward over N tokens after a 200-token prefix (ms, fastest of 6)"
+        f"torch threads {torch.get_num_threads()}; forward over N tokens after a 200-token prefix (ms, fastest of 6); "
+        f"{'4-D tree mask' if args.tree_mask else 'causal, no mask'} for N > 1"
     )
-    print("| N | stock | / stock N=1 | packed | / stock N=1 |\n|---|---|---|---|---|")
+    print("| N | " + " | ".join(f"{name} | / stock N=1" for name in columns) + " |")
+    print("|---|" + "---|---|" * len(columns))
     for n in args.sizes:
-        print(f"| {n} | {stock[n]:.1f} | {stock[n] / stock[1]:.2f} | {packed[n]:.1f} | {packed[n] / stock[1]:.2f} |")
+        print(f"| {n} | " + " | ".join(f"{c[n]:.1f} | {c[n] / base:.2f}" for c in columns.values()) + " |")
 
 
 if __name__ == "__main__":
