@@ -188,6 +188,8 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
     if draft is not None and draft_rows:
         pack_linear_weights(draft, draft_rows)
     grouped = hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target)
+    if grouped and draft is not None:
+        use_grouped_sdpa(draft)  # the head's one layer also attends under tree masks while drafting
     attention = "; grouped-query SDPA under tree masks" if grouped else ""
     return f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows}){attention}"
 

@@ -99,7 +99,7 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
     target.float()
     description = pack_for_decoding(target, draft, [8, 6], [2], "auto")
     assert description == "MKL-packed weights (target rows [6, 8], head rows [2]); grouped-query SDPA under tree masks"
-    assert target.config._attn_implementation == "eagle3_grouped_sdpa"
+    assert target.config._attn_implementation == draft.config._attn_implementation == "eagle3_grouped_sdpa"
     assert type(target.lm_head) is MklPackedLinear and type(draft.fc) is MklPackedLinear
     with pytest.raises(ValueError, match="pack mode"):
         pack_for_decoding(target, draft, [8], [2], "yes")

@@ -52,7 +52,7 @@ def test_tree_decoding_with_grouped_sdpa_equals_plain_generate():
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
     prompt = torch.randint(0, 128, (1, 9))
     plain = target.generate(prompt, do_sample=False, max_new_tokens=24)
-    use_grouped_sdpa(target)
+    assert use_grouped_sdpa(target) and use_grouped_sdpa(draft)
     tree_kwargs = dict(tree_total_tokens=8, tree_depth=3, tree_top_k=3)
     tree = target.generate(prompt, assistant_model=draft, do_sample=False, max_new_tokens=24, **tree_kwargs)
     assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=24), plain)
