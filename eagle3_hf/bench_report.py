@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+from .benchmark import TREE_METHODS
+
 
 def _fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
@@ -28,7 +30,7 @@ def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
     if categories != header:
         text += "\nMT-bench by category:\n\n" + categories
     acceptance = [row for row in summary["rows"] if row["acceptance_by_position"] and "/" not in row["dataset"]
-                  and row["method"] in ("tree", "chain")]
+                  and row["method"] in TREE_METHODS]
     if acceptance:
         text += "\nAcceptance rate by draft position (P(accept k | accepted k-1)):\n\n"
         for row in acceptance:
@@ -68,7 +70,7 @@ def write_plots(summary: dict, out_dir: Path) -> list[Path]:
         paths.append(path)
     fig, ax = plt.subplots(figsize=(6, 4))
     for row in rows:
-        if row["method"] in ("tree", "chain") and row["acceptance_by_position"]:
+        if row["method"] in TREE_METHODS and row["acceptance_by_position"]:
             rates = row["acceptance_by_position"]
             ax.plot(range(1, len(rates) + 1), rates, marker="o",
                     label=f"{row['dataset']} T={row['temperature']:g} {row['method']}")

@@ -1,4 +1,5 @@
-"""Speed benchmark: plain `generate`, prompt lookup, chain mode and the EAGLE-3 tree, interleaved prompt by prompt.
+"""Speed benchmark: plain `generate`, prompt lookup, chain mode, the EAGLE-3 tree (alone and with prompt-lookup
+branches), interleaved prompt by prompt.
 
 Every method is measured the same way: wall time of `target.generate(...)` and a forward pre-hook on the target
 that records the committed length at each target forward, from which the tokens produced per round (accepted + 1)
@@ -17,8 +18,10 @@ from tqdm.auto import tqdm
 from .bench_data import EvalPrompt
 
 
-METHODS = ("plain", "prompt_lookup", "chain", "tree")
+METHODS = ("plain", "prompt_lookup", "chain", "tree", "tree_lookup")
+TREE_METHODS = ("tree", "tree_lookup", "chain")  # the methods whose rounds are draft-and-verify rounds of the head
 PROMPT_LOOKUP_NUM_TOKENS = 10
+TREE_LOOKUP_TOKENS = 4  # "tree_lookup": the EAGLE-3 tree with up to 4 prompt-lookup tokens grafted on
 
 
 @dataclass
@@ -74,7 +77,12 @@ def tokens_per_round(cache_lengths: list[int], final_length: int) -> list[int]:
 def method_kwargs(
     method: str, draft, tree_kwargs: dict | None, prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS
 ) -> dict:
-    """The `generate` keyword arguments that select a decoding method."""
+    """The `generate` keyword arguments that select a decoding method.
+
+    `"tree"` is the EAGLE-3 tree alone (`tree_lookup_tokens=0`, whatever the head's generation config says);
+    `"tree_lookup"` grafts `tree_kwargs["tree_lookup_tokens"]` (default `TREE_LOOKUP_TOKENS`) prompt-lookup tokens
+    onto it.
+    """
     if method == "plain":
         return {}
     if method == "prompt_lookup":
@@ -82,7 +90,9 @@ def method_kwargs(
     if method == "chain":
         return {"assistant_model": draft, "eagle3_mode": "chain"}
     if method == "tree":
-        return {"assistant_model": draft, **(tree_kwargs or {})}
+        return {"assistant_model": draft, **(tree_kwargs or {}), "tree_lookup_tokens": 0}
+    if method == "tree_lookup":
+        return {"assistant_model": draft, "tree_lookup_tokens": TREE_LOOKUP_TOKENS, **(tree_kwargs or {})}
     raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
 
 

@@ -74,11 +74,27 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
                                                                                        ["w7 w8"])]
     records = run_benchmark(tiny_target, make_word_tokenizer(), tiny_draft, prompts, temperatures=(0.0, 1.0),
                             max_new_tokens=6, warmup=1, progress=False)
-    assert len(records) == 3 * 2 * 4  # turns x temperatures x methods
+    assert len(records) == 3 * 2 * 5  # turns x temperatures x methods
     greedy = [r for r in records if r.temperature == 0]
     assert all(r.matches_plain for r in greedy)  # lossless: every method reproduces plain greedy
     # the prefill emits the first token; every later token is counted in exactly one round
     assert all(0 < r.new_tokens <= 6 and sum(r.tokens_per_round) == r.new_tokens - 1 for r in records)
     rows = summarize(records)["rows"]
-    assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree"}
+    assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup"}
     assert any(r["dataset"] == "mt_bench/writing" for r in rows)
+
+
+def test_tree_methods_with_and_without_prompt_lookup_branches():
+    from eagle3_hf.benchmark import TREE_LOOKUP_TOKENS, method_kwargs
+
+    draft = object()
+    shape = {"tree_total_tokens": 8}
+    assert method_kwargs("tree", draft, {**shape, "tree_lookup_tokens": 3}) == {
+        "assistant_model": draft,
+        "tree_total_tokens": 8,
+        "tree_lookup_tokens": 0,  # the tree alone, even when the head's config or the caller asks for lookup
+    }
+    assert method_kwargs("tree_lookup", draft, shape)["tree_lookup_tokens"] == TREE_LOOKUP_TOKENS
+    assert method_kwargs("tree_lookup", draft, {"tree_lookup_tokens": 2})["tree_lookup_tokens"] == 2
+    with pytest.raises(ValueError, match="Unknown method"):
+        method_kwargs("medusa", draft, shape)

@@ -154,6 +154,8 @@ SAMPLING = {
         dict(temperature=1.5, top_k=4, top_p=0.9),
         LogitsProcessorList([TemperatureLogitsWarper(1.5), TopKLogitsWarper(4), TopPLogitsWarper(0.9)]),
     ),
+    # prompt-lookup nodes grafted onto the tree: still deterministic draft tokens, distinct siblings
+    "temperature-1-lookup": (dict(temperature=1.0, top_k=0, top_p=1.0, tree_lookup_tokens=2), LogitsProcessorList()),
 }
 NUM_SAMPLES = 500
 NUM_NEW = 4  # the first comes from the prefill; the next three from rounds that can accept two draft tokens
@@ -342,6 +344,23 @@ def test_tree_settings_per_call_and_from_the_draft_generation_config(llama_pair)
         draft.generation_config = None
     with pytest.raises(ValueError, match="tree_depth must be a positive int"):
         tree_generate(target, draft, prompt, max_new_tokens=4, tree_depth=0)
+
+
+def test_prompt_lookup_nodes_keep_greedy_identical_and_get_accepted(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(10, 21).repeat(1, 3)  # repeated spans: lookup has something to find
+    plain = original_generate(target, prompt, do_sample=False, max_new_tokens=30)
+    settings = dict(tree_total_tokens=6, tree_depth=2, tree_top_k=2)
+    out = tree_generate(target, draft, prompt, noise=3.0, do_sample=False, max_new_tokens=30, **settings)
+    grafted = tree_generate(
+        target, draft, prompt, noise=3.0, do_sample=False, max_new_tokens=30, tree_lookup_tokens=4, **settings
+    )
+    assert torch.equal(grafted.sequences, plain) and torch.equal(out.sequences, plain)
+    assert all(tree.num_nodes == 6 for tree in grafted.draft_trees[:-1])  # the node count is kept
+    deeper = [path for tree, path in zip(grafted.draft_trees, grafted.accepted_paths) if len(path) > 3]
+    assert deeper, "no round accepted more lookup tokens than the head's depth allows"
+    with pytest.raises(ValueError, match="tree_lookup_tokens must be a non-negative int"):
+        tree_generate(target, draft, prompt, max_new_tokens=4, tree_lookup_tokens=-1)
 
 
 def test_tree_settings_from_a_saved_head_folder(tmp_path):

@@ -8,6 +8,7 @@ from eagle3_hf.generation.tree import (
     additive_mask,
     ancestor_matrix,
     build_tree,
+    graft_chain,
     greedy_accept,
     node_sequences,
     path_to,
@@ -93,6 +94,40 @@ def test_prune_tree_reindexes_parents():
     assert pruned.tokens.tolist() == [50, 51, 52] and pruned.parents.tolist() == [-1, 0, 0]
     pruned = prune_tree(make_tree([-1, 0, 1, 0, 3]), max_depth=1)
     assert pruned.parents.tolist() == [-1, 0, 0] and pruned.tokens.tolist() == [0, 1, 3]
+
+
+def _graft_example():
+    # root(1) -> 10 (-0.1) -> {12 (-0.3), 13 (-0.9)};  root -> 11 (-0.5) -> 14 (-0.6)
+    return build_tree(
+        torch.tensor(1),
+        torch.tensor([10, 11, 12, 13, 14]),
+        torch.tensor([-0.1, -0.5, -0.3, -0.9, -0.6]),
+        torch.tensor([-1, -1, 0, 0, 1]),
+        6,
+    )
+
+
+def test_graft_chain_follows_matching_nodes_and_replaces_the_weakest():
+    tree = _graft_example()
+    assert graft_chain(tree, torch.tensor([10, 12])) is tree  # already in the tree: nothing to add
+    assert graft_chain(tree, torch.tensor([], dtype=torch.long)) is tree
+    grafted = graft_chain(tree, torch.tensor([10, 20, 21]))  # follows 10, adds 20 -> 21 under it
+    assert grafted.num_nodes == tree.num_nodes
+    assert grafted.tokens.tolist() == [1, 10, 11, 12, 20, 21]  # dropped 13 (-0.9) and 14 (-0.6)
+    assert grafted.parents.tolist() == [-1, 0, 0, 1, 1, 4]
+    assert grafted.depths.tolist() == [0, 1, 1, 2, 2, 3]
+    assert grafted.scores[-2:].tolist() == [0.0, 0.0]
+    expected_ancestors, _ = ancestor_matrix(grafted.parents)
+    assert torch.equal(grafted.ancestors, expected_ancestors)
+
+
+def test_graft_chain_drops_children_before_parents_and_cuts_long_chains():
+    tree = _graft_example()
+    grafted = graft_chain(tree, torch.tensor([30, 31, 32, 33]))  # 4 new nodes: 13, 14, 11, then 12 go
+    assert grafted.tokens.tolist() == [1, 10, 30, 31, 32, 33]
+    assert grafted.parents.tolist() == [-1, 0, 0, 2, 3, 4]
+    longest = graft_chain(tree, torch.arange(40, 50))  # only 5 nodes can make room: the chain is cut to 5
+    assert longest.tokens.tolist() == [1, 40, 41, 42, 43, 44] and longest.depths.tolist() == [0, 1, 2, 3, 4, 5]
 
 
 def test_tree_visibility_full_attention_with_padding():

@@ -9,7 +9,7 @@ import platform
 import shlex
 import sys
 
-from ..benchmark import METHODS, PROMPT_LOOKUP_NUM_TOKENS
+from ..benchmark import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tree-total-tokens", type=int, default=None)
     parser.add_argument("--tree-depth", type=int, default=None)
     parser.add_argument("--tree-top-k", type=int, default=None)
+    parser.add_argument(
+        "--tree-lookup-tokens",
+        type=int,
+        default=None,
+        help=f"prompt-lookup tokens grafted onto each tree by the tree_lookup method (default {TREE_LOOKUP_TOKENS})",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
@@ -44,7 +50,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def tree_kwargs_from_args(args) -> dict:
-    names = {"tree_total_tokens": args.tree_total_tokens, "tree_depth": args.tree_depth, "tree_top_k": args.tree_top_k}
+    names = {
+        "tree_total_tokens": args.tree_total_tokens,
+        "tree_depth": args.tree_depth,
+        "tree_top_k": args.tree_top_k,
+        "tree_lookup_tokens": args.tree_lookup_tokens,
+    }
     return {name: value for name, value in names.items() if value is not None}
 
 
@@ -62,6 +73,9 @@ def pack_for_methods(target, draft, args) -> str:
         target_rows.append(DEFAULT_NUM_ASSISTANT_TOKENS + 1)
     if "prompt_lookup" in args.methods:
         target_rows.extend(range(2, PROMPT_LOOKUP_NUM_TOKENS + 2))
+    if "tree_lookup" in args.methods:  # same tree size; the head re-encodes accepted paths up to the chain's length
+        lookup = args.tree_lookup_tokens if args.tree_lookup_tokens is not None else TREE_LOOKUP_TOKENS
+        draft_rows.extend(range(2, lookup + 2))
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 
 

@@ -25,7 +25,8 @@ from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
 from .drafter import TreeDrafter
 from .kv_cache import keep_tree_entries
-from .tree import DraftTree, greedy_accept, sample_accept
+from .lookup import prompt_lookup_chain
+from .tree import DraftTree, graft_chain, greedy_accept, sample_accept
 from .verify import check_tree_attention, check_tree_cache, process_tree_logits, verify_tree
 
 
@@ -41,11 +42,14 @@ class TreeSettings:
         depth (`int`): levels below the root, i.e. the most draft tokens one round can accept (EAGLE's
             `depth + 1`: its `depth` counts the expansions after the first level).
         top_k (`int`): children proposed per expanded node, and nodes expanded per level.
+        lookup_tokens (`int`, defaults to 0): graft up to this many prompt-lookup tokens onto each tree, in place of
+            its weakest leaves (`lookup.py`); 0 turns it off.
     """
 
     total_tokens: int
     depth: int
     top_k: int
+    lookup_tokens: int = 0
 
     @property
     def max_nodes(self) -> int:
@@ -60,7 +64,11 @@ DEFAULT_TREE = TreeSettings(total_tokens=8, depth=3, top_k=4)
 
 
 def resolve_tree_settings(
-    draft: Eagle3DraftModel, total_tokens: int | None, depth: int | None, top_k: int | None
+    draft: Eagle3DraftModel,
+    total_tokens: int | None,
+    depth: int | None,
+    top_k: int | None,
+    lookup_tokens: int | None = None,
 ) -> TreeSettings:
     """Per-call values, else the draft's `generation_config.tree_*` attributes, else `DEFAULT_TREE`.
 
@@ -68,16 +76,19 @@ def resolve_tree_settings(
     """
     draft_config = _draft_generation_config(draft)
     values = {}
-    for name, value in (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k)):
+    requested = (("total_tokens", total_tokens), ("depth", depth), ("top_k", top_k), ("lookup_tokens", lookup_tokens))
+    for name, value in requested:
         if value is None:
             value = getattr(draft_config, f"tree_{name}", None)
         if value is None:
             value = getattr(DEFAULT_TREE, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"tree_{name} must be a positive int, got {value!r}.")
+        smallest = 0 if name == "lookup_tokens" else 1
+        if not isinstance(value, int) or value < smallest:
+            kind = "a non-negative" if smallest == 0 else "a positive"
+            raise ValueError(f"tree_{name} must be {kind} int, got {value!r}.")
         values[name] = value
     settings = TreeSettings(**values)
-    return TreeSettings(min(settings.total_tokens, settings.max_nodes), settings.depth, settings.top_k)
+    return TreeSettings(**{**values, "total_tokens": min(settings.total_tokens, settings.max_nodes)})
 
 
 def _draft_generation_config(draft: Eagle3DraftModel) -> GenerationConfig | None:
@@ -174,6 +185,7 @@ def eagle3_generate(
     tree_total_tokens: int | None = None,
     tree_depth: int | None = None,
     tree_top_k: int | None = None,
+    tree_lookup_tokens: int | None = None,
     eagle3_streamer=None,
     output_draft_trees: bool = False,
     **model_kwargs,
@@ -191,7 +203,10 @@ def eagle3_generate(
         tree_total_tokens (`int`, *optional*): nodes verified per round, root included.
         tree_depth (`int`, *optional*): levels below the root (most draft tokens accepted per round).
         tree_top_k (`int`, *optional*): children per expanded node and nodes expanded per level.
-            The three default to the draft's `generation_config.tree_*` attributes, then to `DEFAULT_TREE`.
+        tree_lookup_tokens (`int`, *optional*): graft up to this many prompt-lookup tokens (the continuation of the
+            latest earlier occurrence of the last 3, 2 or 1 tokens) onto each tree, replacing its lowest-scoring
+            leaves so that the node count stays `tree_total_tokens`; 0 (the default) turns it off.
+            The four default to the draft's `generation_config.tree_*` attributes, then to `DEFAULT_TREE`.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -202,7 +217,7 @@ def eagle3_generate(
     if draft_model is None:
         raise ValueError("eagle3_generate needs `draft_model=` (generate() drops `assistant_model` for callables).")
     _check_request(model, input_ids, generation_config, model_kwargs)
-    settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k)
+    settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k, tree_lookup_tokens)
     draft = prepare_draft(draft_model, model)
     if packing_would_help(model, settings.total_tokens):
         logger.warning_once(
@@ -290,6 +305,9 @@ class _TreeDecoder:
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = max(0, min(self.settings.depth, remaining - 1))  # deeper nodes could never be emitted
         tree = self.drafter.grow(self.sequences[0, -1], depth, self.settings.total_tokens).to(self.model.device)
+        if self.settings.lookup_tokens and depth > 0:
+            chain = prompt_lookup_chain(self.sequences[0], min(self.settings.lookup_tokens, remaining - 1))
+            tree = graft_chain(tree, chain)
         padding = self._padding(cache.get_seq_length())
         logits, features = verify_tree(self.model, tree, cache, self.position, self.layer_ids, padding)
         scores = process_tree_logits(self.processors, self.sequences, tree, logits)

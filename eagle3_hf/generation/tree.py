@@ -314,3 +314,53 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.LongTenso
             return torch.tensor(path, device=tree.tokens.device), torch.multinomial(residual, 1)[0]
         node = accepted
         path.append(node)
+
+
+def graft_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
+    """Add the path `root -> chain[0] -> chain[1] -> ...` to `tree`, keeping its node count.
+
+    The chain follows existing nodes as long as their tokens agree, then continues with new nodes appended after the
+    others (topological order holds; siblings stay distinct, as `sample_accept` needs). Room is made by dropping as
+    many of the lowest-scoring draft nodes off the chain, children before parents (a child never scores above its
+    parent, and ties drop the later node first), so what is left is still a tree and verification keeps its row
+    count. A chain longer than the droppable nodes is cut. New nodes score 0: they do not come from the head.
+
+    Args:
+        tree ([`DraftTree`]): the draft tree.
+        chain (`torch.LongTensor` of shape `(m,)`): tokens expected after the root, e.g. `prompt_lookup_chain`.
+
+    Returns:
+        [`DraftTree`] with `tree.num_nodes` nodes.
+    """
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    node, on_chain = 0, {0}
+    for token in chain.tolist():
+        child = next((c for c in range(1, len(parents)) if parents[c] == node and tokens[c] == token), None)
+        if child is None:
+            break
+        node = child
+        on_chain.add(node)
+    droppable = [i for i in range(1, len(parents)) if i not in on_chain]
+    new_tokens = chain[len(on_chain) - 1 :][: len(droppable)]
+    if new_tokens.numel() == 0:
+        return tree
+    scores = tree.scores.tolist()
+    droppable.sort(key=lambda i: (scores[i], -i))
+    keep = torch.ones(len(parents), dtype=torch.bool, device=tree.tokens.device)
+    keep[droppable[: new_tokens.numel()]] = False
+    index = torch.nonzero(keep).flatten()
+    new_index = torch.cumsum(keep.long(), 0) - 1  # old node index -> new node index (valid where kept)
+    kept_parents = tree.parents[index]
+    kept_parents = torch.where(kept_parents < 0, kept_parents, new_index[kept_parents.clamp(min=0)])
+    first = index.numel()
+    chain_parents = torch.arange(first - 1, first - 1 + new_tokens.numel(), device=index.device)
+    chain_parents[0] = new_index[node]
+    all_parents = torch.cat([kept_parents, chain_parents])
+    ancestors, depths = ancestor_matrix(all_parents)
+    return DraftTree(
+        tokens=torch.cat([tree.tokens[index], new_tokens.to(tree.tokens.device)]),
+        parents=all_parents,
+        depths=depths,
+        ancestors=ancestors,
+        scores=torch.cat([tree.scores[index], tree.scores.new_zeros(new_tokens.numel())]),
+    )

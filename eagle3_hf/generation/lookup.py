@@ -1,0 +1,43 @@
+"""Prompt lookup for the draft tree: the tokens that followed an earlier occurrence of the sequence's last n-gram.
+
+Code, quotes and edits repeat spans of the prompt verbatim, where a learned head is unsure but copying is right
+(Transformers' `prompt_lookup_num_tokens` rests on the same observation). `eagle3_generate(...,
+tree_lookup_tokens=m)` grafts such a continuation of up to `m` tokens onto each round's draft tree
+(`tree.graft_chain`); the target verifies it with the rest of the tree, so decoding stays lossless.
+"""
+
+import torch
+
+
+LOOKUP_NGRAM_SIZES = (3, 2, 1)
+
+
+def prompt_lookup_chain(
+    sequence: torch.LongTensor, max_tokens: int, ngram_sizes: tuple[int, ...] = LOOKUP_NGRAM_SIZES
+) -> torch.LongTensor:
+    """Up to `max_tokens` tokens that followed the most recent earlier occurrence of the last n tokens.
+
+    The longest n of `ngram_sizes` with a match wins; the sequence's own suffix is not a match.
+
+    Args:
+        sequence (`torch.LongTensor` of shape `(L,)`): the prompt and everything generated, ending with the root.
+        max_tokens (`int`): the most tokens to return.
+
+    Returns:
+        `torch.LongTensor` of shape `(m,)` with `0 <= m <= max_tokens`; empty when nothing matches.
+
+    Example:
+        >>> prompt_lookup_chain(torch.tensor([5, 6, 7, 8, 9, 5, 6]), 3).tolist()
+        [7, 8, 9]
+    """
+    length = sequence.shape[0]
+    if max_tokens > 0:
+        for n in ngram_sizes:
+            if length <= n:
+                continue
+            earlier = sequence.unfold(0, n, 1)[:-1]  # (length - n, n): every n-gram but the suffix itself
+            hits = torch.nonzero((earlier == sequence[-n:]).all(dim=1)).flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return sequence[start : start + max_tokens]
+    return sequence.new_empty(0)
