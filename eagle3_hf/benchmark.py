@@ -80,8 +80,8 @@ def method_kwargs(
     """The `generate` keyword arguments that select a decoding method.
 
     `"tree"` is the EAGLE-3 tree alone (`tree_lookup_tokens=0`, whatever the head's generation config says);
-    `"tree_lookup"` grafts `tree_kwargs["tree_lookup_tokens"]` (default `TREE_LOOKUP_TOKENS`) prompt-lookup tokens
-    onto it.
+    `"tree_lookup"` grafts `tree_kwargs["tree_lookup_tokens"]` (when missing or 0: `TREE_LOOKUP_TOKENS`)
+    prompt-lookup tokens onto it.
     """
     if method == "plain":
         return {}
@@ -92,7 +92,10 @@ def method_kwargs(
     if method == "tree":
         return {"assistant_model": draft, **(tree_kwargs or {}), "tree_lookup_tokens": 0}
     if method == "tree_lookup":
-        return {"assistant_model": draft, "tree_lookup_tokens": TREE_LOOKUP_TOKENS, **(tree_kwargs or {})}
+        kwargs = {"assistant_model": draft, **(tree_kwargs or {})}
+        if not kwargs.get("tree_lookup_tokens"):
+            kwargs["tree_lookup_tokens"] = TREE_LOOKUP_TOKENS
+        return kwargs
     raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
 
 

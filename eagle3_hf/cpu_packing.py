@@ -148,14 +148,15 @@ def packing_would_help(model: nn.Module, rows: int) -> bool:
     return rows >= 2 and _model_is_packable(model) and not is_packed_for(model, rows)
 
 
-def rows_for_tree(total_tokens: int, depth: int, top_k: int) -> tuple[list[int], list[int]]:
+def rows_for_tree(total_tokens: int, depth: int, top_k: int, lookup_tokens: int = 0) -> tuple[list[int], list[int]]:
     """Row counts worth packing for tree decoding: `(target_rows, draft_rows)`.
 
     The target verifies `total_tokens` nodes per round. The head feeds `top_k` frontier nodes per level and
-    re-encodes the 1 to `depth + 1` tokens of each round's accepted path.
+    re-encodes the 1 to `max(depth, lookup_tokens) + 1` tokens of each round's accepted path (a grafted
+    prompt-lookup chain can be accepted beyond the tree's depth).
     """
     target_rows = [total_tokens] if total_tokens >= 2 else []
-    draft_rows = sorted({top_k, *range(2, depth + 2)} - {0, 1})
+    draft_rows = sorted({top_k, *range(2, max(depth, lookup_tokens) + 2)} - {0, 1})
     return target_rows, draft_rows
 
 

@@ -90,6 +90,7 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
 
     assert rows_for_tree(8, 3, 4) == ([8], [2, 3, 4])
     assert rows_for_tree(1, 0, 1) == ([], [])
+    assert rows_for_tree(8, 3, 8, lookup_tokens=5) == ([8], [2, 3, 4, 5, 6, 8])
     assert rows_for_trees([(8, 3, 4), (16, 4, 8), (8, 3, 2)]) == ([8, 16], [2, 3, 4, 5, 8])
     target = make_tiny_target()
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)

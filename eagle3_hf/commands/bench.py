@@ -33,7 +33,8 @@ def make_parser() -> argparse.ArgumentParser:
         "--tree-lookup-tokens",
         type=int,
         default=None,
-        help=f"prompt-lookup tokens grafted onto each tree by the tree_lookup method (default {TREE_LOOKUP_TOKENS})",
+        help="prompt-lookup tokens grafted onto each tree by the tree_lookup method (default: the head's "
+        f"generation_config.tree_lookup_tokens, else {TREE_LOOKUP_TOKENS})",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -94,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..bench_report import markdown_table, write_report
     from ..benchmark import run_benchmark, summarize
     from ..defaults import load_default_pair
+    from ..generation.decoding import resolve_tree_settings
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer, draft = load_default_pair(args.head)
+    if args.tree_lookup_tokens is None:  # the head's own setting, else the default
+        args.tree_lookup_tokens = resolve_tree_settings(draft, None, None, None).lookup_tokens or TREE_LOOKUP_TOKENS
     packing = pack_for_methods(target, draft, args)
     print(f"target and head: {packing}")
     prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns)

@@ -39,15 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer, draft = load_default_pair(args.head)
     tree = resolve_tree_settings(draft, None, None, None)
     packing = pack_for_decoding(
-        target, draft, *rows_for_tree(tree.total_tokens, tree.depth, tree.top_k), args.pack_weights
+        target, draft, *rows_for_tree(tree.total_tokens, tree.depth, tree.top_k, tree.lookup_tokens), args.pack_weights
     )
-    print(f"tree {tree.total_tokens} nodes / depth {tree.depth} / top-k {tree.top_k}; {packing}")
+    lookup = f" / {tree.lookup_tokens} prompt-lookup tokens" if tree.lookup_tokens else ""
+    print(f"tree {tree.total_tokens} nodes / depth {tree.depth} / top-k {tree.top_k}{lookup}; {packing}")
+    # the head's own settings, prompt-lookup branches included when its generation config asks for them
+    tree_method = "tree_lookup" if tree.lookup_tokens else "tree"
+    tree_kwargs = {"tree_lookup_tokens": tree.lookup_tokens}
     total = {"plain": [0, 0.0], "tree": [0, 0.0]}
     rounds: list[int] = []
     # one short warm-up per method so the first measurement does not pay for lazy initialisation
     warm = tokenizer("Hello", return_tensors="pt").input_ids
-    for method in ("plain", "tree"):
-        timed_generate(target, warm, method, 0.0, 8, draft)
+    for method in ("plain", tree_method):
+        timed_generate(target, warm, method, 0.0, 8, draft, tree_kwargs)
     for prompt in args.prompts:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
@@ -64,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
                 max_new_tokens=args.max_new_tokens,
                 streamer=streamer,
             )
-        for method in ("plain", "tree"):
-            new_ids, seconds, per_round = timed_generate(target, input_ids, method, 0.0, args.max_new_tokens, draft)
+        for method in ("plain", tree_method):
+            new_ids, seconds, per_round = timed_generate(
+                target, input_ids, method, 0.0, args.max_new_tokens, draft, tree_kwargs
+            )
+            method = "plain" if method == "plain" else "tree"
             total[method][0] += len(new_ids)
             total[method][1] += seconds
             if method == "tree":
