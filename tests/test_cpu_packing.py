@@ -116,3 +116,10 @@ def test_packing_would_help_until_the_tree_size_is_packed():
     pack_linear_weights(target, [8])
     assert is_packed_for(target, 8) and not packing_would_help(target, 8)
     assert not packing_would_help(make_tiny_target().to(torch.bfloat16), 8)
+
+
+def test_the_commands_offer_the_pack_modes_pack_for_decoding_takes():
+    from eagle3_hf.commands import PACK_WEIGHTS_MODES
+    from eagle3_hf.cpu_packing import PACK_MODES
+
+    assert PACK_WEIGHTS_MODES == PACK_MODES

@@ -1,1 +1,14 @@
 """One module per `eagle3-hf` subcommand, each exposing `make_parser()` and `main(argv)`."""
+
+PACK_WEIGHTS_MODES = ("auto", "on", "off")  # `eagle3_hf.cpu_packing.PACK_MODES`, without importing torch here
+
+
+def add_pack_weights_argument(parser, rows: str) -> None:
+    """The `--pack-weights auto|on|off` option shared by our commands; `rows` says which row counts one packs."""
+    parser.add_argument(
+        "--pack-weights",
+        default="auto",
+        choices=list(PACK_WEIGHTS_MODES),
+        help=f"MKL-pack the linear weights for {rows}, and switch sdpa models to grouped-query SDPA (auto: on CPU "
+        "with float32; plain decoding's one-row steps are unaffected)",
+    )

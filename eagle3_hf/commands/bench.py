@@ -10,6 +10,7 @@ import shlex
 import sys
 
 from ..benchmark import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
+from . import add_pack_weights_argument
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -38,12 +39,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument(
-        "--pack-weights",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="MKL-pack the linear weights for the row counts each method verifies (auto: on CPU with float32)",
-    )
+    add_pack_weights_argument(parser, "the row counts each method verifies")
     parser.add_argument("--output-dir", default="outputs/bench")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
@@ -75,7 +71,7 @@ def pack_for_methods(target, draft, args) -> str:
     if "prompt_lookup" in args.methods:
         target_rows.extend(range(2, PROMPT_LOOKUP_NUM_TOKENS + 2))
     if "tree_lookup" in args.methods:  # same tree size; the head re-encodes accepted paths up to the chain's length
-        lookup = args.tree_lookup_tokens if args.tree_lookup_tokens is not None else TREE_LOOKUP_TOKENS
+        lookup = args.tree_lookup_tokens or TREE_LOOKUP_TOKENS  # as `method_kwargs` reads it
         draft_rows.extend(range(2, lookup + 2))
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 

@@ -3,6 +3,8 @@ prints tau and the speedup over plain `generate` measured on the spot (no networ
 
 import argparse
 
+from . import add_pack_weights_argument
+
 
 DEMO_PROMPTS = [
     "Give me three tips for writing clean Python code.",
@@ -17,13 +19,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", nargs="+", default=DEMO_PROMPTS)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--no-stream", action="store_true", help="do not stream the text")
-    parser.add_argument(
-        "--pack-weights",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="MKL-pack the linear weights for the tree's row counts (auto: on CPU with float32); plain decoding's "
-        "one-row steps are unaffected",
-    )
+    add_pack_weights_argument(parser, "the tree's row counts")
     return parser
 
 
@@ -46,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     # the head's own settings, prompt-lookup branches included when its generation config asks for them
     tree_method = "tree_lookup" if tree.lookup_tokens else "tree"
     tree_kwargs = {"tree_lookup_tokens": tree.lookup_tokens}
-    total = {"plain": [0, 0.0], "tree": [0, 0.0]}
+    total = {"plain": [0, 0.0], tree_method: [0, 0.0]}
     rounds: list[int] = []
     # one short warm-up per method so the first measurement does not pay for lazy initialisation
     warm = tokenizer("Hello", return_tensors="pt").input_ids
@@ -72,10 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             new_ids, seconds, per_round = timed_generate(
                 target, input_ids, method, 0.0, args.max_new_tokens, draft, tree_kwargs
             )
-            method = "plain" if method == "plain" else "tree"
             total[method][0] += len(new_ids)
             total[method][1] += seconds
-            if method == "tree":
+            if method == tree_method:
                 rounds += per_round
                 tree_ids = new_ids
             else:
@@ -86,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             print("ERROR: the EAGLE-3 output differs from plain generate")
             return 1
     plain_speed = total["plain"][0] / total["plain"][1]
-    tree_speed = total["tree"][0] / total["tree"][1]
+    tree_speed = total[tree_method][0] / total[tree_method][1]
     tau = sum(rounds) / len(rounds) if rounds else float("nan")
     print(
         f"\nplain generate: {plain_speed:.1f} tokens/s | EAGLE-3 tree: {tree_speed:.1f} tokens/s | "

@@ -3,6 +3,8 @@
 import argparse
 import logging
 
+from . import add_pack_weights_argument
+
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -34,13 +36,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="KV cache for generate: 'auto' uses 'static' on CPU (no per-step concatenation; measured 1.3x faster "
         "here at batch 32) and the model's default elsewhere; 'dynamic', 'static' or any cache name generate takes.",
     )
-    parser.add_argument(
-        "--pack-weights",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="MKL-pack the linear weights for --batch-size rows, the row count of every decoding step (auto: on CPU "
-        "with float32).",
-    )
+    add_pack_weights_argument(parser, "--batch-size rows, the row count of every decoding step")
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
     return parser
 

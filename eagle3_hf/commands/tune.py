@@ -10,6 +10,8 @@ import itertools
 import json
 from pathlib import Path
 
+from . import add_pack_weights_argument
+
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-hf tune", description=__doc__.split("\n")[0])
@@ -20,12 +22,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--datasets", nargs="+", default=["mt_bench"], choices=["mt_bench", "humaneval", "sharegpt"])
     parser.add_argument("--limit", type=int, default=4, help="prompts per dataset")
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument(
-        "--pack-weights",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="MKL-pack the linear weights for every swept shape's row counts (auto: on CPU with float32)",
-    )
+    add_pack_weights_argument(parser, "every swept shape's row counts")
     parser.add_argument("--output", default="outputs/tune.json")
     parser.add_argument("--save", action="store_true", help="store the winner in the head's generation_config.json")
     return parser

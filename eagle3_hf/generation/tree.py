@@ -125,6 +125,11 @@ def prune_tree(tree: DraftTree, max_depth: int) -> DraftTree:
     keep = tree.depths <= max_depth
     if bool(keep.all()):
         return tree
+    return _keep_nodes(tree, keep)
+
+
+def _keep_nodes(tree: DraftTree, keep: torch.BoolTensor) -> DraftTree:
+    """The subtree of the `keep` nodes `(N,)`, reindexed in order; `keep` must hold every kept node's ancestors."""
     index = torch.nonzero(keep).flatten()
     new_index = torch.cumsum(keep.long(), 0) - 1  # old node index -> new node index (valid where kept)
     parents = tree.parents[index]
@@ -348,19 +353,17 @@ def graft_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
     droppable.sort(key=lambda i: (scores[i], -i))
     keep = torch.ones(len(parents), dtype=torch.bool, device=tree.tokens.device)
     keep[droppable[: new_tokens.numel()]] = False
-    index = torch.nonzero(keep).flatten()
-    new_index = torch.cumsum(keep.long(), 0) - 1  # old node index -> new node index (valid where kept)
-    kept_parents = tree.parents[index]
-    kept_parents = torch.where(kept_parents < 0, kept_parents, new_index[kept_parents.clamp(min=0)])
-    first = index.numel()
-    chain_parents = torch.arange(first - 1, first - 1 + new_tokens.numel(), device=index.device)
-    chain_parents[0] = new_index[node]
-    all_parents = torch.cat([kept_parents, chain_parents])
+    kept = _keep_nodes(tree, keep)
+    graft_point = int(keep[:node].sum())  # `node`'s index among the kept nodes
+    first = kept.num_nodes
+    chain_parents = torch.arange(first - 1, first - 1 + new_tokens.numel(), device=kept.parents.device)
+    chain_parents[0] = graft_point
+    all_parents = torch.cat([kept.parents, chain_parents])
     ancestors, depths = ancestor_matrix(all_parents)
     return DraftTree(
-        tokens=torch.cat([tree.tokens[index], new_tokens.to(tree.tokens.device)]),
+        tokens=torch.cat([kept.tokens, new_tokens.to(kept.tokens.device)]),
         parents=all_parents,
         depths=depths,
         ancestors=ancestors,
-        scores=torch.cat([tree.scores[index], tree.scores.new_zeros(new_tokens.numel())]),
+        scores=torch.cat([kept.scores, kept.scores.new_zeros(new_tokens.numel())]),
     )
