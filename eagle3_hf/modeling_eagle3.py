@@ -124,7 +124,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         super().__init__(config)
         self.fc = nn.Linear(config.num_target_features, config.hidden_size, bias=False)
         self.layers = nn.ModuleList(
-            [Eagle3DecoderLayer(config, 0)] + [LlamaDecoderLayer(config, i) for i in range(1, config.num_hidden_layers)]
+            [Eagle3DecoderLayer(config, 0)]
+            + [LlamaDecoderLayer(config, i) for i in range(1, config.num_hidden_layers)]
         )
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -159,6 +160,55 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
     def draft_to_target_ids(self, draft_ids: torch.LongTensor) -> torch.LongTensor:
         """Map draft-vocabulary ids (any shape) to target-vocabulary ids: `target = draft + d2t[draft]`."""
         return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def replace_draft_vocab(self, token_ids: torch.Tensor, target: PreTrainedModel | None = None) -> int:
+        """Switch a head to another draft vocabulary (of any size), keeping what it learned.
+
+        A token in both vocabularies keeps its trained `lm_head` row. A new token's row is the target's
+        output-embedding row, which is exactly what the head has when it was trained with `--init_from_target`
+        and a frozen `lm_head`; so such a head reads the new tokens as well as the old ones without retraining.
+        `config.draft_vocab_size`, `d2t` and `t2d` follow.
+
+        Args:
+            token_ids (`torch.LongTensor` of shape `(new_draft_vocab_size,)`): target ids of the new vocabulary
+                (any order, no duplicates), e.g. `DraftVocab.token_ids` of a file from `eagle3-hf vocab`.
+            target ([`PreTrainedModel`], *optional*): needed when `token_ids` holds ids outside the current
+                vocabulary, for their rows.
+
+        Returns:
+            The number of tokens that were not in the old vocabulary.
+        """
+        from .vocab import maps_from_token_ids
+
+        d2t, t2d = maps_from_token_ids(token_ids.cpu(), self.config.vocab_size)
+        new_ids = torch.arange(d2t.shape[0]) + d2t
+        old_ids = self.draft_to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device)).cpu()
+        old_row = torch.full((self.config.vocab_size,), -1, dtype=torch.long)
+        old_row[old_ids] = torch.arange(old_ids.shape[0])
+        rows = old_row[new_ids]
+        added = rows < 0
+        weight = self.lm_head.weight
+        new_weight = torch.empty(new_ids.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
+        new_weight[~added] = weight[rows[~added].to(weight.device)]
+        if bool(added.any()):
+            output = None if target is None else target.get_output_embeddings()
+            if output is None:
+                raise ValueError(
+                    f"replace_draft_vocab: {int(added.sum())} of the new token_ids are not in the current draft "
+                    "vocabulary; pass `target=` (a model with an output embedding) for their lm_head rows."
+                )
+            self.check_target(target)
+            new_rows = output.weight[new_ids[added].to(output.weight.device)]
+            new_weight[added] = new_rows.to(device=weight.device, dtype=weight.dtype)
+        lm_head = nn.Linear(weight.shape[1], new_ids.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+        lm_head.weight.copy_(new_weight)
+        lm_head.weight.requires_grad_(weight.requires_grad)
+        self.lm_head = lm_head
+        self.config.draft_vocab_size = new_ids.shape[0]
+        self.d2t = torch.zeros_like(d2t, device=self.d2t.device)
+        self.set_vocab_maps(d2t, t2d)
+        return int(added.sum())
 
     # ------------------------------------------------------------------------------------------------ embedding
     def get_input_embeddings(self) -> nn.Module | None:

@@ -39,7 +39,9 @@ def test_tree_mask_equals_separate_branches(tiny_draft):
     mask[0, 0, 0, 5] = torch.finfo(torch.float32).min  # node 0 must not see node 1 and vice versa
     mask[0, 0, 1, 4] = torch.finfo(torch.float32).min
     cache = prefix.cache
-    tree = tiny_draft(nodes, hidden_states=hidden, attention_mask=mask, position_ids=torch.tensor([[4, 4]]), cache=cache)
+    tree = tiny_draft(
+        nodes, hidden_states=hidden, attention_mask=mask, position_ids=torch.tensor([[4, 4]]), cache=cache
+    )
     cache.crop(-2)
     for i in range(2):
         alone = tiny_draft(nodes[:, i : i + 1], hidden_states=hidden[:, :1], cache=cache)
@@ -119,6 +121,31 @@ def test_vocab_maps_and_id_mapping(tiny_draft):
     assert torch.equal(tiny_draft.draft_to_target_ids(torch.arange(64)), ids)
     with pytest.raises(ValueError, match="draft_vocab_size"):
         tiny_draft.set_vocab_maps(d2t[:10])
+
+
+def test_replace_draft_vocab_keeps_trained_rows_and_takes_new_ones_from_the_target(tiny_target, tiny_draft, tmp_path):
+    old_ids = torch.arange(0, 128, 2)  # 64 even ids
+    tiny_draft.set_vocab_maps(maps_from_token_ids(old_ids, 128)[0])
+    tiny_draft.lm_head.weight.requires_grad_(False)
+    features = torch.randn(1, 3, 96)
+    before = tiny_draft(torch.tensor([[1, 2, 3]]), target_hidden_states=features).logits
+    new_ids = torch.cat([torch.arange(0, 64, 2), torch.tensor([1, 3, 5])])  # 32 kept, 3 new, 32 dropped
+    with pytest.raises(ValueError, match="pass `target=`"):
+        tiny_draft.replace_draft_vocab(new_ids)
+    assert tiny_draft.config.draft_vocab_size == 64  # untouched by the refusal
+    assert tiny_draft.replace_draft_vocab(new_ids, tiny_target) == 3
+    assert tiny_draft.config.draft_vocab_size == 35 and tiny_draft.lm_head.weight.shape == (35, 32)
+    assert not tiny_draft.lm_head.weight.requires_grad
+    sorted_ids = torch.sort(new_ids).values
+    assert torch.equal(tiny_draft.draft_to_target_ids(torch.arange(35)), sorted_ids)
+    after = tiny_draft(torch.tensor([[1, 2, 3]]), target_hidden_states=features).logits
+    kept = sorted_ids % 2 == 0
+    # Kept tokens score exactly as before (their rows moved); new rows are the target's output embedding.
+    torch.testing.assert_close(after[..., kept], before[..., sorted_ids[kept] // 2])
+    torch.testing.assert_close(tiny_draft.lm_head.weight[~kept], tiny_target.lm_head.weight[sorted_ids[~kept]])
+    tiny_draft.save_pretrained(tmp_path)
+    loaded = Eagle3DraftModel.from_pretrained(tmp_path)
+    assert loaded.config.draft_vocab_size == 35 and torch.equal(loaded.d2t, tiny_draft.d2t)
 
 
 def test_more_than_one_layer(tiny_target):

@@ -366,6 +366,21 @@ def test_train_command_starts_from_the_target_and_can_freeze_lm_head(tmp_path):
     fc_top = head.fc.weight[:, -head.config.target_hidden_size :]
     assert not torch.allclose(fc_top, torch.eye(head.config.hidden_size))  # trained away from its start
 
+    # Continuing that head with --draft_vocab_file switches it to another vocabulary, rows from the target.
+    from eagle3_hf.vocab import DraftVocab, maps_from_token_ids, save_draft_vocab
+
+    new_ids = torch.arange(20, 100)
+    save_draft_vocab(DraftVocab(*maps_from_token_ids(new_ids, 128), torch.ones(128, dtype=torch.long)), tmp_path / "v")
+    argv_continue = [a for a in argv if not a.startswith(("--output_dir", "--draft_vocab_size"))]
+    argv_continue += [f"--output_dir={tmp_path / 'head2'}", f"--draft_model_name_or_path={output_dir}"]
+    with pytest.raises(FileNotFoundError, match="--draft_vocab_file .*missing.*eagle3-hf vocab"):
+        main(argv_continue + [f"--draft_vocab_file={tmp_path / 'missing'}"])
+    assert main(argv_continue + [f"--draft_vocab_file={tmp_path / 'v'}"]) == 0
+    head2 = Eagle3DraftModel.from_pretrained(tmp_path / "head2")
+    assert head2.config.draft_vocab_size == 80
+    assert torch.equal(head2.draft_to_target_ids(torch.arange(80)), new_ids)
+    torch.testing.assert_close(head2.lm_head.weight, target.get_output_embeddings().weight[new_ids])
+
 
 def test_train_command_refuses_a_multi_process_launch_without_ddp(monkeypatch):
     from types import SimpleNamespace

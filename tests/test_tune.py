@@ -1,5 +1,7 @@
+import json
+
 from eagle3_hf.bench_data import EvalPrompt
-from eagle3_hf.commands.tune import sweep, valid_shapes
+from eagle3_hf.commands.tune import save_tree_settings, sweep, valid_shapes
 
 from .test_trainer import make_word_tokenizer
 
@@ -12,9 +14,22 @@ def test_valid_shapes_drop_trees_that_cannot_be_filled():
 
 def test_sweep_measures_every_shape_fastest_first(tiny_target, tiny_draft):
     prompts = [EvalPrompt("mt_bench", "1", "writing", ["w1 w2 w3"]), EvalPrompt("mt_bench", "2", "writing", ["w9"])]
-    results = sweep(tiny_target, make_word_tokenizer(), tiny_draft, prompts, [(4, 2, 2), (6, 3, 2)],
-                    max_new_tokens=5, progress=False)
-    assert {(r["tree_total_tokens"], r["tree_depth"], r["tree_top_k"]) for r in results} == {(4, 2, 2), (6, 3, 2)}
+    shapes = [(4, 2, 2), (6, 3, 2, 0), (6, 3, 2, 3)]
+    results = sweep(tiny_target, make_word_tokenizer(), tiny_draft, prompts, shapes, max_new_tokens=5, progress=False)
+    measured = {(r["tree_total_tokens"], r["tree_depth"], r["tree_top_k"], r["tree_lookup_tokens"]) for r in results}
+    assert measured == {(4, 2, 2, 0), (6, 3, 2, 0), (6, 3, 2, 3)}
     speeds = [r["speedup"] for r in results]
     assert speeds == sorted(speeds, reverse=True)
     assert all((r["tau"] is None or r["tau"] >= 1.0) and r["speedup"] > 0 for r in results)
+
+
+def test_save_tree_settings_keeps_the_other_keys(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"tree_depth": 9, "my_setting": "kept"}))
+    best = {"tree_total_tokens": 12, "tree_depth": 3, "tree_top_k": 8, "tree_lookup_tokens": 4, "speedup": 1.2}
+    save_tree_settings(tmp_path, best)
+    saved = json.loads((tmp_path / "generation_config.json").read_text())
+    assert saved["my_setting"] == "kept" and "speedup" not in saved
+    assert {key: saved[key] for key in best if key != "speedup"} == {k: v for k, v in best.items() if k != "speedup"}
+    (tmp_path / "new").mkdir()
+    save_tree_settings(tmp_path / "new", best)  # no generation_config.json yet
+    assert json.loads((tmp_path / "new" / "generation_config.json").read_text())["tree_lookup_tokens"] == 4

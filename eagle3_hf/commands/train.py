@@ -59,7 +59,12 @@ class DataArguments:
     system_prompt: str | None = field(default=None, metadata={"help": "System message for conversations without one."})
     num_proc: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
     draft_vocab_file: str | None = field(
-        default=None, metadata={"help": "Draft vocabulary cache (default: <output_dir>/draft_vocab.safetensors)."}
+        default=None,
+        metadata={
+            "help": "Draft vocabulary cache of a fresh head (default: <output_dir>/draft_vocab.safetensors). With "
+            "--draft_model_name_or_path, an existing file (from `eagle3-hf vocab`) that replaces the head's "
+            "vocabulary: kept tokens keep their lm_head rows, new ones start from the target's."
+        },
     )
 
 
@@ -92,11 +97,23 @@ def _datasets(data_args: DataArguments, args: Eagle3TrainingArguments, tokenizer
 
 def _draft_head(model_args: ModelArguments, data_args: DataArguments, args: Eagle3TrainingArguments, target, train):
     from eagle3_hf import Eagle3DraftModel
-    from eagle3_hf.vocab import load_or_build_draft_vocab
+    from eagle3_hf.vocab import load_draft_vocab, load_or_build_draft_vocab
 
     text_config = target.config.get_text_config()
     if model_args.draft_model_name_or_path:
         draft = Eagle3DraftModel.from_pretrained(model_args.draft_model_name_or_path, target=target)
+        if data_args.draft_vocab_file:
+            if not os.path.isfile(data_args.draft_vocab_file):
+                raise FileNotFoundError(
+                    f"--draft_vocab_file {data_args.draft_vocab_file} does not exist; with --draft_model_name_or_path "
+                    "it must be a vocabulary file to switch the head to (build one with `eagle3-hf vocab`)."
+                )
+            vocab = load_draft_vocab(data_args.draft_vocab_file)
+            added = draft.replace_draft_vocab(vocab.token_ids, target)
+            logger.info(
+                f"Draft vocabulary switched to {data_args.draft_vocab_file} ({draft.config.draft_vocab_size} tokens, "
+                f"{added} new, rows from the target)."
+            )
     else:
         layers = text_config.num_hidden_layers
         overrides = {"target_layer_ids": [layers - 3]} if args.single_feature else {}

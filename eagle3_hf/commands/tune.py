@@ -1,8 +1,10 @@
-"""`eagle3-hf tune`: pick the fastest draft-tree shape (total_tokens, depth, top_k) for a target on this machine.
+"""`eagle3-hf tune`: pick the fastest draft-tree shape (total_tokens, depth, top_k, lookup_tokens) on this machine.
 
 Each shape decodes the same prompts with the tree (greedy), interleaved with plain `generate`; the shape with the
-highest speedup over those plain runs wins. `--save` writes it into the head folder's `generation_config.json`, where `generate` reads
-its defaults.
+highest speedup over those plain runs wins. `lookup_tokens` is the number of prompt-lookup tokens grafted onto each
+tree (`tree_lookup_tokens`, 0 for the pure EAGLE-3 tree). `--save` writes the winner into the head folder's
+`generation_config.json`, where `generate` reads its defaults. `--offset` keeps the tuning prompts apart from the
+first prompts that `eagle3-hf bench --limit N` measures.
 """
 
 import argparse
@@ -19,8 +21,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--total-tokens", nargs="+", type=int, default=[8, 16, 24, 32])
     parser.add_argument("--depth", nargs="+", type=int, default=[3, 4, 5, 6])
     parser.add_argument("--top-k", nargs="+", type=int, default=[2, 4, 6])
+    parser.add_argument(
+        "--lookup-tokens", nargs="+", type=int, default=[0, 4], help="prompt-lookup tokens grafted per tree (0: none)"
+    )
     parser.add_argument("--datasets", nargs="+", default=["mt_bench"], choices=["mt_bench", "humaneval", "sharegpt"])
     parser.add_argument("--limit", type=int, default=4, help="prompts per dataset")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many prompts of each dataset first")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     add_pack_weights_argument(parser, "every swept shape's row counts")
     parser.add_argument("--output", default="outputs/tune.json")
@@ -28,28 +34,34 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SHAPE_KEYS = ("tree_total_tokens", "tree_depth", "tree_top_k", "tree_lookup_tokens")
+
+
 def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progress: bool = True) -> list[dict]:
-    """Measure tokens/s and tau of every `(total_tokens, depth, top_k)` shape; plain `generate` as reference."""
+    """Measure tokens/s and tau of every `(total_tokens, depth, top_k, lookup_tokens)` shape (a 3-tuple means no
+    lookup tokens); plain `generate` as reference. Returns one dict per shape (`SHAPE_KEYS`, `tokens_per_second`,
+    `speedup`, `tau`), fastest first."""
     from tqdm.auto import tqdm
 
     from ..benchmark import run_benchmark, summarize
 
     results = []
-    for total_tokens, depth, top_k in tqdm(shapes, desc="tree shapes", disable=not progress):
-        tree_kwargs = {"tree_total_tokens": total_tokens, "tree_depth": depth, "tree_top_k": top_k}
+    for shape in tqdm(shapes, desc="tree shapes", disable=not progress):
+        tree_kwargs = dict(zip(SHAPE_KEYS, (*shape, 0)[:4]))
+        method = "tree_lookup" if tree_kwargs["tree_lookup_tokens"] else "tree"
         records = run_benchmark(
             target,
             tokenizer,
             draft,
             prompts,
-            methods=["plain", "tree"],
+            methods=["plain", method],
             temperatures=[0.0],
             max_new_tokens=max_new_tokens,
             tree_kwargs=tree_kwargs,
             warmup=0,
             progress=False,
         )
-        rows = [r for r in summarize(records)["rows"] if r["method"] == "tree" and "/" not in r["dataset"]]
+        rows = [r for r in summarize(records)["rows"] if r["method"] == method and "/" not in r["dataset"]]
         tokens = sum(r["new_tokens"] for r in rows)
         seconds = sum(r["seconds"] for r in rows)
         plain = [r for r in summarize(records)["rows"] if r["method"] == "plain" and "/" not in r["dataset"]]
@@ -79,15 +91,32 @@ def valid_shapes(total_tokens: list[int], depths: list[int], top_ks: list[int]) 
     ]
 
 
+def save_tree_settings(head_dir: Path, settings: dict) -> None:
+    """Store the `SHAPE_KEYS` of `settings` in `head_dir/generation_config.json`, keeping what else it holds."""
+    from transformers import GenerationConfig
+
+    path = head_dir / "generation_config.json"
+    config = GenerationConfig.from_pretrained(head_dir) if path.is_file() else GenerationConfig()
+    for key in SHAPE_KEYS:  # setattr: GenerationConfig.update ignores keys it does not already have
+        setattr(config, key, settings[key])
+    config.save_pretrained(head_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     from ..bench_data import load_prompts
     from ..cpu_packing import pack_for_decoding, rows_for_trees
     from ..defaults import DEFAULT_HEAD_DIR, load_default_pair
 
-    target, tokenizer, draft = load_default_pair(args.head)
-    prompts = load_prompts(args.datasets, args.limit, num_turns=1)
+    if min(args.lookup_tokens) < 0:
+        raise SystemExit(f"--lookup-tokens must be non-negative, got {args.lookup_tokens}.")
+    end = args.offset + args.limit
+    prompts = [prompt for name in args.datasets for prompt in load_prompts([name], end, num_turns=1)[args.offset :]]
+    if not prompts:
+        raise SystemExit(f"--offset {args.offset} skips every prompt of {args.datasets}.")
     shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
+    shapes = [(*shape, lookup_tokens) for shape in shapes for lookup_tokens in args.lookup_tokens]
+    target, tokenizer, draft = load_default_pair(args.head)
     print(pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights))
     results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -97,16 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     best = results[0]
     print(
         f"fastest: total_tokens={best['tree_total_tokens']} depth={best['tree_depth']} top_k={best['tree_top_k']}"
+        f" lookup_tokens={best['tree_lookup_tokens']}"
         f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']}"
     )
     if args.save:
         head_dir = Path(args.head or DEFAULT_HEAD_DIR)
         if not head_dir.is_dir():
             raise SystemExit(f"--save needs a local head folder; {head_dir} is not one.")
-        from transformers import GenerationConfig
-
-        config = GenerationConfig(**{k: best[k] for k in ("tree_total_tokens", "tree_depth", "tree_top_k")})
-        config.save_pretrained(head_dir)
+        save_tree_settings(head_dir, best)
         print(f"saved to {head_dir / 'generation_config.json'}")
     return 0
 
