@@ -188,27 +188,26 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         old_row[old_ids] = torch.arange(old_ids.shape[0])
         rows = old_row[new_ids]
         added = rows < 0
+        num_added = int(added.sum())
         weight = self.lm_head.weight
-        new_weight = torch.empty(new_ids.shape[0], weight.shape[1], dtype=weight.dtype, device=weight.device)
-        new_weight[~added] = weight[rows[~added].to(weight.device)]
-        if bool(added.any()):
+        lm_head = nn.Linear(weight.shape[1], new_ids.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+        lm_head.weight[~added] = weight[rows[~added].to(weight.device)]
+        if num_added:
             output = None if target is None else target.get_output_embeddings()
             if output is None:
                 raise ValueError(
-                    f"replace_draft_vocab: {int(added.sum())} of the new token_ids are not in the current draft "
+                    f"replace_draft_vocab: {num_added} of the new token_ids are not in the current draft "
                     "vocabulary; pass `target=` (a model with an output embedding) for their lm_head rows."
                 )
             self.check_target(target)
-            new_rows = output.weight[new_ids[added].to(output.weight.device)]
-            new_weight[added] = new_rows.to(device=weight.device, dtype=weight.dtype)
-        lm_head = nn.Linear(weight.shape[1], new_ids.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
-        lm_head.weight.copy_(new_weight)
+            lm_head.weight[added] = output.weight[new_ids[added].to(output.weight.device)].to(weight)
         lm_head.weight.requires_grad_(weight.requires_grad)
+        # Nothing of the head changes before this point, so a refusal above leaves it as it was.
         self.lm_head = lm_head
         self.config.draft_vocab_size = new_ids.shape[0]
         self.d2t = torch.zeros_like(d2t, device=self.d2t.device)
         self.set_vocab_maps(d2t, t2d)
-        return int(added.sum())
+        return num_added
 
     # ------------------------------------------------------------------------------------------------ embedding
     def get_input_embeddings(self) -> nn.Module | None:

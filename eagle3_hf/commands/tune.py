@@ -61,10 +61,11 @@ def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progre
             warmup=0,
             progress=False,
         )
-        rows = [r for r in summarize(records)["rows"] if r["method"] == method and "/" not in r["dataset"]]
+        dataset_rows = [r for r in summarize(records)["rows"] if "/" not in r["dataset"]]  # no per-category rows
+        rows = [r for r in dataset_rows if r["method"] == method]
         tokens = sum(r["new_tokens"] for r in rows)
         seconds = sum(r["seconds"] for r in rows)
-        plain = [r for r in summarize(records)["rows"] if r["method"] == "plain" and "/" not in r["dataset"]]
+        plain = [r for r in dataset_rows if r["method"] == "plain"]
         plain_speed = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
         results.append(
             {
