@@ -74,15 +74,36 @@ def tokens_per_round(cache_lengths: list[int], final_length: int) -> list[int]:
     return [end - start for start, end in zip(starts, ends)]
 
 
+def resolve_tree_lookup_tokens(draft, requested: int | None = None) -> int:
+    """The prompt-lookup tokens the `"tree_lookup"` method grafts onto each tree: `requested`, else the head's
+    `generation_config.tree_lookup_tokens` when positive, else `TREE_LOOKUP_TOKENS`.
+
+    The one place this default is decided: `method_kwargs` and `eagle3-hf bench` (which packs weights for the
+    rows the lookup chains add) both call it. A `requested` value below 1 is an error, since `"tree_lookup"` with no
+    lookup tokens would silently be `"tree"`.
+    """
+    from .generation.decoding import resolve_tree_settings
+
+    if requested is not None:
+        if not isinstance(requested, int) or requested < 1:
+            raise ValueError(
+                f"tree_lookup_tokens={requested!r}: the tree_lookup method needs a positive int "
+                '(use the "tree" method for the tree alone).'
+            )
+        return requested
+    return resolve_tree_settings(draft, None, None, None).lookup_tokens or TREE_LOOKUP_TOKENS
+
+
 def method_kwargs(
     method: str, draft, tree_kwargs: dict | None, prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS
 ) -> dict:
     """The `generate` keyword arguments that select a decoding method.
 
     `"tree"` is the EAGLE-3 tree alone (`tree_lookup_tokens=0`, whatever the head's generation config says);
-    `"tree_lookup"` grafts `tree_kwargs["tree_lookup_tokens"]` (when missing or 0: `TREE_LOOKUP_TOKENS`)
-    prompt-lookup tokens onto it.
+    `"tree_lookup"` grafts `resolve_tree_lookup_tokens(draft, tree_kwargs.get("tree_lookup_tokens"))` prompt-lookup
+    tokens onto it.
     """
+    tree_kwargs = tree_kwargs or {}
     if method == "plain":
         return {}
     if method == "prompt_lookup":
@@ -90,12 +111,10 @@ def method_kwargs(
     if method == "chain":
         return {"assistant_model": draft, "eagle3_mode": "chain"}
     if method == "tree":
-        return {"assistant_model": draft, **(tree_kwargs or {}), "tree_lookup_tokens": 0}
+        return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": 0}
     if method == "tree_lookup":
-        kwargs = {"assistant_model": draft, **(tree_kwargs or {})}
-        if not kwargs.get("tree_lookup_tokens"):
-            kwargs["tree_lookup_tokens"] = TREE_LOOKUP_TOKENS
-        return kwargs
+        lookup = resolve_tree_lookup_tokens(draft, tree_kwargs.get("tree_lookup_tokens"))
+        return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": lookup}
     raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
 
 

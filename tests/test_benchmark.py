@@ -59,8 +59,13 @@ def test_summary_speedup_tau_and_categories(tmp_path):
     text = markdown_table(summary, "test machine", "eagle3-hf bench")
     assert "| mt_bench | 0 | tree | 3.00 | 10.0 | 2.00x | 1 | 2 |" in text
     paths = write_report(summary, tmp_path, "m", "c")
-    assert {p.name for p in paths} == {"results.json", "results.md", "speedup.png", "tau.png",
-                                       "acceptance_by_position.png"}
+    assert {p.name for p in paths} == {
+        "results.json",
+        "results.md",
+        "speedup.png",
+        "tau.png",
+        "acceptance_by_position.png",
+    }
     assert json.loads((tmp_path / "results.json").read_text())["rows"]
 
 
@@ -70,10 +75,20 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
 
     from .test_trainer import make_word_tokenizer
 
-    prompts = [EvalPrompt("mt_bench", "1", "writing", ["w1 w2 w3", "w4 w5"]), EvalPrompt("humaneval", "2", "coding",
-                                                                                       ["w7 w8"])]
-    records = run_benchmark(tiny_target, make_word_tokenizer(), tiny_draft, prompts, temperatures=(0.0, 1.0),
-                            max_new_tokens=6, warmup=1, progress=False)
+    prompts = [
+        EvalPrompt("mt_bench", "1", "writing", ["w1 w2 w3", "w4 w5"]),
+        EvalPrompt("humaneval", "2", "coding", ["w7 w8"]),
+    ]
+    records = run_benchmark(
+        tiny_target,
+        make_word_tokenizer(),
+        tiny_draft,
+        prompts,
+        temperatures=(0.0, 1.0),
+        max_new_tokens=6,
+        warmup=1,
+        progress=False,
+    )
     assert len(records) == 3 * 2 * 5  # turns x temperatures x methods
     greedy = [r for r in records if r.temperature == 0]
     assert all(r.matches_plain for r in greedy)  # lossless: every method reproduces plain greedy
@@ -85,9 +100,13 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
 
 
 def test_tree_methods_with_and_without_prompt_lookup_branches():
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
     from eagle3_hf.benchmark import TREE_LOOKUP_TOKENS, method_kwargs
 
-    draft = object()
+    draft = SimpleNamespace(generation_config=GenerationConfig())  # a head whose config sets no lookup
     shape = {"tree_total_tokens": 8}
     assert method_kwargs("tree", draft, {**shape, "tree_lookup_tokens": 3}) == {
         "assistant_model": draft,
@@ -96,5 +115,18 @@ def test_tree_methods_with_and_without_prompt_lookup_branches():
     }
     assert method_kwargs("tree_lookup", draft, shape)["tree_lookup_tokens"] == TREE_LOOKUP_TOKENS
     assert method_kwargs("tree_lookup", draft, {"tree_lookup_tokens": 2})["tree_lookup_tokens"] == 2
+    tuned = SimpleNamespace(generation_config=GenerationConfig(tree_lookup_tokens=6))  # what `tune --save` writes
+    assert method_kwargs("tree_lookup", tuned, shape)["tree_lookup_tokens"] == 6
+    assert method_kwargs("tree_lookup", tuned, {"tree_lookup_tokens": 3})["tree_lookup_tokens"] == 3
+    with pytest.raises(ValueError, match="tree_lookup_tokens=0: the tree_lookup method needs a positive int"):
+        method_kwargs("tree_lookup", tuned, {"tree_lookup_tokens": 0})
     with pytest.raises(ValueError, match="Unknown method"):
         method_kwargs("medusa", draft, shape)
+
+
+def test_bench_command_rejects_tree_lookup_without_lookup_tokens(capsys):
+    from eagle3_hf.commands.bench import main
+
+    with pytest.raises(SystemExit):  # before loading any model
+        main(["--tree-lookup-tokens", "0"])
+    assert "--tree-lookup-tokens 0: expected >= 1" in capsys.readouterr().err

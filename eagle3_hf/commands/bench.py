@@ -71,8 +71,7 @@ def pack_for_methods(target, draft, args) -> str:
     if "prompt_lookup" in args.methods:
         target_rows.extend(range(2, PROMPT_LOOKUP_NUM_TOKENS + 2))
     if "tree_lookup" in args.methods:  # same tree size; the head re-encodes accepted paths up to the chain's length
-        lookup = args.tree_lookup_tokens or TREE_LOOKUP_TOKENS  # as `method_kwargs` reads it
-        draft_rows.extend(range(2, lookup + 2))
+        draft_rows.extend(range(2, args.tree_lookup_tokens + 2))
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 
 
@@ -84,20 +83,24 @@ def machine_description() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.tree_lookup_tokens is not None and args.tree_lookup_tokens < 1:
+        parser.error(
+            f"--tree-lookup-tokens {args.tree_lookup_tokens}: expected >= 1 (the tree method is the tree alone)"
+        )
     import torch
 
     from ..bench_data import load_prompts
     from ..bench_report import markdown_table, write_report
-    from ..benchmark import run_benchmark, summarize
+    from ..benchmark import resolve_tree_lookup_tokens, run_benchmark, summarize
     from ..defaults import load_default_pair
-    from ..generation.decoding import resolve_tree_settings
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer, draft = load_default_pair(args.head)
-    if args.tree_lookup_tokens is None:  # the head's own setting, else the default
-        args.tree_lookup_tokens = resolve_tree_settings(draft, None, None, None).lookup_tokens or TREE_LOOKUP_TOKENS
+    if "tree_lookup" in args.methods:  # resolved once, for the packed rows and for every generate call
+        args.tree_lookup_tokens = resolve_tree_lookup_tokens(draft, args.tree_lookup_tokens)
     packing = pack_for_methods(target, draft, args)
     print(f"target and head: {packing}")
     prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns)
