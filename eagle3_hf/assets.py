@@ -26,8 +26,9 @@ class Asset:
             raise FileNotFoundError(f"Package {self.package!r} is not installed: run `{self.install_command}`.")
         path = Path(list(spec.submodule_search_locations)[0]) / self.relative_path
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing from package {self.package!r}; reinstall it with "
-                                    f"`{self.install_command}`.")
+            raise FileNotFoundError(
+                f"{path} is missing from package {self.package!r}; reinstall it with `{self.install_command}`."
+            )
         return path
 
     def available(self) -> bool:

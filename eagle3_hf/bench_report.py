@@ -16,9 +16,11 @@ def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
     header += "|---|---|---|---|---|---|---|---|\n"
     main, categories = header, header
     for row in summary["rows"]:
-        line = (f"| {row['dataset']} | {row['temperature']:g} | {row['method']} | {_fmt(row['tau'])} | "
-                f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {row['greedy_mismatches']} | "
-                f"{row['generations']} |\n")
+        line = (
+            f"| {row['dataset']} | {row['temperature']:g} | {row['method']} | {_fmt(row['tau'])} | "
+            f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {row['greedy_mismatches']} | "
+            f"{row['generations']} |\n"
+        )
         if "/" in row["dataset"]:
             categories += line
         else:
@@ -29,8 +31,11 @@ def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
     text += main
     if categories != header:
         text += "\nMT-bench by category:\n\n" + categories
-    acceptance = [row for row in summary["rows"] if row["acceptance_by_position"] and "/" not in row["dataset"]
-                  and row["method"] in TREE_METHODS]
+    acceptance = [
+        row
+        for row in summary["rows"]
+        if row["acceptance_by_position"] and "/" not in row["dataset"] and row["method"] in TREE_METHODS
+    ]
     if acceptance:
         text += "\nAcceptance rate by draft position (P(accept k | accepted k-1)):\n\n"
         for row in acceptance:
@@ -72,8 +77,12 @@ def write_plots(summary: dict, out_dir: Path) -> list[Path]:
     for row in rows:
         if row["method"] in TREE_METHODS and row["acceptance_by_position"]:
             rates = row["acceptance_by_position"]
-            ax.plot(range(1, len(rates) + 1), rates, marker="o",
-                    label=f"{row['dataset']} T={row['temperature']:g} {row['method']}")
+            ax.plot(
+                range(1, len(rates) + 1),
+                rates,
+                marker="o",
+                label=f"{row['dataset']} T={row['temperature']:g} {row['method']}",
+            )
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
@@ -85,8 +94,9 @@ def write_plots(summary: dict, out_dir: Path) -> list[Path]:
     return paths + [path]
 
 
-def write_report(summary: dict, out_dir: str | Path, machine: str = "", command: str = "", plots: bool = True
-                 ) -> list[Path]:
+def write_report(
+    summary: dict, out_dir: str | Path, machine: str = "", command: str = "", plots: bool = True
+) -> list[Path]:
     """Write `results.json`, `results.md` and (optionally) the plots into `out_dir`; returns the paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

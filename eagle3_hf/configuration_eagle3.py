@@ -82,9 +82,7 @@ class Eagle3Config(LlamaConfig):
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers={self.num_hidden_layers}: the draft head needs at least 1 layer.")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(
-                f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]."
-            )
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}].")
         if len(self.target_layer_ids) not in (1, 3):
             raise ValueError(
                 f"target_layer_ids={self.target_layer_ids}: expected 3 ids (low, mid, high) or 1 (ablation)."

@@ -47,8 +47,24 @@ def test_demo_command_runs(capsys):
 def test_bench_command_quick_run(tmp_path):
     from eagle3_hf.commands.bench import main
 
-    code = main(["--datasets", "mt_bench", "sharegpt", "--limit", "1", "--turns", "1", "--temperatures", "0",
-                 "--max-new-tokens", "12", "--output-dir", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "--datasets",
+            "mt_bench",
+            "sharegpt",
+            "--limit",
+            "1",
+            "--turns",
+            "1",
+            "--temperatures",
+            "0",
+            "--max-new-tokens",
+            "12",
+            "--output-dir",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {row["method"] for row in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup"}
