@@ -5,6 +5,7 @@ All three come from offline packages (see `eagle3_hf.assets`); each prompt is a 
 """
 
 import gzip
+import itertools
 import json
 from dataclasses import dataclass, field
 
@@ -26,13 +27,21 @@ class EvalPrompt:
 
 
 def load_mt_bench(limit: int | None = None, num_turns: int = 2) -> list[EvalPrompt]:
-    """MT-bench questions in file order; `num_turns=1` keeps only the first turn."""
-    prompts = []
+    """MT-bench questions, categories interleaved: the first question of each category in file order, then the
+    second of each, and so on; `num_turns=1` keeps only the first turn.
+
+    The file lists its 80 questions category by category (10 "writing" first), so a file-order `limit=8` would
+    measure writing alone; interleaved, any `limit >= 8` covers all eight categories and `limit=80` is the whole set.
+    """
+    by_category: dict[str, list[EvalPrompt]] = {}
     with open(MT_BENCH.path(), encoding="utf-8") as handle:
         for line in handle:
             row = json.loads(line)
             turns = list(row["turns"])[:num_turns]
-            prompts.append(EvalPrompt("mt_bench", str(row["question_id"]), row["category"], turns))
+            prompt = EvalPrompt("mt_bench", str(row["question_id"]), row["category"], turns)
+            by_category.setdefault(prompt.category, []).append(prompt)
+    rounds = itertools.zip_longest(*by_category.values())  # dicts keep the categories in file order
+    prompts = [prompt for round_ in rounds for prompt in round_ if prompt is not None]
     return prompts[:limit]
 
 
@@ -61,14 +70,18 @@ def load_sharegpt_heldout(limit: int | None = None, start: int = SHAREGPT_HELDOU
 DATASETS = {"mt_bench": load_mt_bench, "humaneval": load_human_eval, "sharegpt": load_sharegpt_heldout}
 
 
-def load_prompts(names: list[str], limit: int | None = None, num_turns: int = 2) -> list[EvalPrompt]:
-    """Prompts of the named datasets, each cut to `limit` prompts."""
+def load_prompts(names: list[str], limit: int | None = None, num_turns: int = 2, offset: int = 0) -> list[EvalPrompt]:
+    """Prompts of the named datasets: per dataset, `limit` prompts after skipping its first `offset` (so that a
+    tuning or probing run can use prompts a benchmark's `limit` does not)."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ValueError(f"offset={offset} and limit={limit} must be non-negative.")
+    end = None if limit is None else offset + limit
     prompts = []
     for name in names:
         if name not in DATASETS:
             raise ValueError(f"Unknown dataset {name!r}; choose from {sorted(DATASETS)}.")
         if name == "mt_bench":
-            prompts += load_mt_bench(limit, num_turns=num_turns)
+            prompts += load_mt_bench(end, num_turns=num_turns)[offset:]
         else:
-            prompts += DATASETS[name](limit)
+            prompts += DATASETS[name](end)[offset:]
     return prompts

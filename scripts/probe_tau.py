@@ -56,8 +56,7 @@ def main() -> None:
     tree_kwargs = {"tree_total_tokens": total, "tree_depth": depth, "tree_top_k": top_k}
     tree_kwargs["tree_lookup_tokens"] = args.lookup_tokens
     target, tokenizer = load_smollm2()
-    end = args.offset + args.limit
-    prompts = {name: load_prompts([name], end, num_turns=1)[args.offset :] for name in args.datasets}
+    prompts = {name: load_prompts([name], args.limit, num_turns=1, offset=args.offset) for name in args.datasets}
     for head in args.heads:
         draft = Eagle3DraftModel.from_pretrained(head, target=target).float().eval()
         note = ""

@@ -25,6 +25,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument("--limit", type=int, default=None, help="prompts per dataset (default: all)")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many prompts of each dataset first")
     parser.add_argument("--turns", type=int, default=2, help="MT-bench turns per question (1 or 2)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--tree-total-tokens", type=int, default=None)
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tree_lookup_tokens = resolve_tree_lookup_tokens(draft, args.tree_lookup_tokens)
     packing = pack_for_methods(target, draft, args)
     print(f"target and head: {packing}")
-    prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns)
+    prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns, offset=args.offset)
     records = run_benchmark(
         target,
         tokenizer,

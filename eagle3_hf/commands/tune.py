@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if min(args.lookup_tokens) < 0:
         raise SystemExit(f"--lookup-tokens must be non-negative, got {args.lookup_tokens}.")
-    end = args.offset + args.limit
-    prompts = [prompt for name in args.datasets for prompt in load_prompts([name], end, num_turns=1)[args.offset :]]
+    prompts = load_prompts(args.datasets, args.limit, num_turns=1, offset=args.offset)
     if not prompts:
         raise SystemExit(f"--offset {args.offset} skips every prompt of {args.datasets}.")
     shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
