@@ -154,8 +154,17 @@ SAMPLING = {
         dict(temperature=1.5, top_k=4, top_p=0.9),
         LogitsProcessorList([TemperatureLogitsWarper(1.5), TopKLogitsWarper(4), TopPLogitsWarper(0.9)]),
     ),
-    # prompt-lookup nodes grafted onto the tree: still deterministic draft tokens, distinct siblings
+    # prompt-lookup nodes appended to the sampled tree: deterministic draft tokens next to drawn ones
     "temperature-1-lookup": (dict(temperature=1.0, top_k=0, top_p=1.0, tree_lookup_tokens=2), LogitsProcessorList()),
+    # the top-k tree (the head's best tokens, q = 1 rule), alone and with lookup nodes grafted in place of leaves
+    "temperature-1-top-k-tree": (
+        dict(temperature=1.0, top_k=0, top_p=1.0, tree_sampled_draft=False),
+        LogitsProcessorList(),
+    ),
+    "temperature-1-lookup-top-k-tree": (
+        dict(temperature=1.0, top_k=0, top_p=1.0, tree_lookup_tokens=2, tree_sampled_draft=False),
+        LogitsProcessorList(),
+    ),
 }
 NUM_SAMPLES = 500
 NUM_NEW = 4  # the first comes from the prefill; the next three from rounds that can accept two draft tokens

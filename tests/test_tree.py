@@ -268,3 +268,82 @@ def test_tree_settings_max_nodes(top_k, depth):
     from eagle3_hf.generation.decoding import TreeSettings
 
     assert TreeSettings(100, depth, top_k).max_nodes == 1 + top_k + (depth - 1) * top_k**2
+
+
+# ------------------------------------------------------------------------------------------- sampled trees
+P_ROOT = torch.tensor([0.05, 0.30, 0.25, 0.10, 0.20, 0.10])
+Q_ROOT = torch.tensor([0.30, 0.05, 0.10, 0.35, 0.15, 0.05])  # a poor draft: far from P_ROOT
+
+
+def _sampled_tree(num_drawn: int, chain_token: int | None) -> DraftTree:
+    """root -> `num_drawn` children drawn from Q_ROOT without replacement (Gumbel top-k), then an optional
+    deterministic (prompt-lookup) child, as `TreeDrafter.grow_sampled` and `append_chain` build them."""
+    drawn = (Q_ROOT.log() - torch.log(-torch.log(torch.rand(6)))).topk(num_drawn).indices
+    tokens = [0, *drawn.tolist()] + ([] if chain_token is None else [chain_token])
+    tree = make_tree([-1] + [0] * (len(tokens) - 1), tokens=tokens)
+    tree.sampled = torch.tensor([False] + [True] * num_drawn + [False] * (chain_token is not None))
+    tree.draft_probs = torch.zeros(len(tokens), 6)
+    tree.draft_probs[0] = Q_ROOT
+    return tree
+
+
+def rrs_without_draft_update(tree, probs):
+    """WRONG on purpose: after a rejected sampled child the residual is updated but the child is not removed from
+    the draft distribution the next sibling is compared against."""
+    residual = probs[0].double()
+    for child in range(1, tree.num_nodes):
+        token, q = int(tree.tokens[child]), tree.draft_probs[0].double()
+        if torch.rand(()) * q[token] < residual[token]:
+            return torch.tensor([0, child]), torch.tensor(0)
+        left = torch.clamp(residual - q, min=0)
+        residual = left / left.sum()
+    return torch.tensor([0]), torch.multinomial(residual.float(), 1)[0]
+
+
+def _first_token_counts(sampler, num_drawn, chain_token, num_samples=6000):
+    counts = torch.zeros(6)
+    probs = torch.stack([P_ROOT] * (num_drawn + 2))
+    for _ in range(num_samples):
+        tree = _sampled_tree(num_drawn, chain_token)
+        path, bonus = sampler(tree, probs[: tree.num_nodes])
+        counts[int(tree.tokens[path[1]]) if len(path) > 1 else int(bonus)] += 1
+    return counts
+
+
+@pytest.mark.parametrize("num_drawn, chain_token", [(1, None), (3, None), (2, 1), (3, 3)], ids=str)
+def test_sample_accept_on_drawn_children_emits_the_target_distribution(num_drawn, chain_token):
+    """Children drawn from a draft far from the target, verified by recursive rejection sampling: the emitted
+    token follows P_ROOT exactly, with a deterministic lookup child next to them too (token 3 often duplicates a
+    drawn sibling)."""
+    from scipy.stats import chisquare
+
+    torch.manual_seed(num_drawn)
+    counts = _first_token_counts(sample_accept, num_drawn, chain_token)
+    assert chisquare(counts, P_ROOT * counts.sum()).pvalue > 1e-3
+
+
+def test_sampled_children_are_accepted_more_often_and_a_wrong_rule_is_detected():
+    from scipy.stats import chisquare
+
+    torch.manual_seed(0)
+    accepted = {True: 0, False: 0}
+    probs = torch.stack([P_ROOT] * 4)
+    for _ in range(3000):
+        tree = _sampled_tree(3, None)
+        accepted[True] += len(sample_accept(tree, probs)[0]) > 1
+        tree.sampled = None  # the same children under the top-k rule (q = 1): still exact, but accepts less
+        accepted[False] += len(sample_accept(tree, probs)[0]) > 1
+    assert accepted[True] > 1.1 * accepted[False]
+    counts = _first_token_counts(rrs_without_draft_update, 3, None)
+    assert chisquare(counts, P_ROOT * counts.sum()).pvalue < 1e-6
+
+
+def test_append_chain_adds_deterministic_nodes_and_graft_chain_refuses_sampled_trees():
+    from eagle3_hf.generation.tree import append_chain
+
+    torch.manual_seed(0)
+    tree = append_chain(_sampled_tree(2, None), torch.tensor([4, 5]))
+    assert tree.num_nodes == 5 and tree.parents.tolist()[3:] == [0, 3] and tree.depths.tolist()[3:] == [1, 2]
+    assert tree.sampled.tolist() == [False, True, True, False, False] and tree.draft_probs.shape == (5, 6)
+    with pytest.raises(ValueError, match="use append_chain"):
+        graft_chain(tree, torch.tensor([1]))

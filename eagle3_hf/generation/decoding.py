@@ -26,7 +26,7 @@ from ..target import gather_target_features
 from .drafter import TreeDrafter
 from .kv_cache import keep_tree_entries
 from .lookup import prompt_lookup_chain
-from .tree import DraftTree, graft_chain, greedy_accept, sample_accept
+from .tree import DraftTree, append_chain, graft_chain, greedy_accept, sample_accept
 from .verify import check_tree_attention, check_tree_cache, process_tree_logits, verify_tree
 
 
@@ -186,6 +186,7 @@ def eagle3_generate(
     tree_depth: int | None = None,
     tree_top_k: int | None = None,
     tree_lookup_tokens: int | None = None,
+    tree_sampled_draft: bool = True,
     eagle3_streamer=None,
     output_draft_trees: bool = False,
     **model_kwargs,
@@ -207,6 +208,10 @@ def eagle3_generate(
             latest earlier occurrence of the last 3, 2 or 1 tokens) onto each tree, replacing its lowest-scoring
             leaves so that the node count stays `tree_total_tokens`; 0 (the default) turns it off.
             The four default to the draft's `generation_config.tree_*` attributes, then to `DEFAULT_TREE`.
+        tree_sampled_draft (`bool`, defaults to `True`): when sampling, draw each node's children from the head's
+            distribution at the sampling temperature (`TreeDrafter.grow_sampled`) and verify them by recursive
+            rejection sampling, instead of taking the head's top-k; more draft tokens are accepted. Greedy decoding
+            always uses the top-k tree. Either way the output distribution is the target's.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -225,8 +230,9 @@ def eagle3_generate(
             f"float32 GEMM handles slowly. `eagle3_hf.pack_linear_weights(target, [{settings.total_tokens}])` "
             "(one extra copy of the linear weights) makes each verification much cheaper; see docs/decoding.md."
         )
+    sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
     decoder = _TreeDecoder(
-        model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer
+        model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer, sampled_draft
     )
     with torch.no_grad():
         output = decoder.run(input_ids, model_kwargs, output_draft_trees)
@@ -236,8 +242,10 @@ def eagle3_generate(
 class _TreeDecoder:
     """The state of one `eagle3_generate` call: sequence, caches, positions and what to report."""
 
-    def __init__(self, model, draft, settings, logits_processor, stopping_criteria, generation_config, streamer):
-        self.model, self.settings, self.streamer = model, settings, streamer
+    def __init__(
+        self, model, draft, settings, logits_processor, stopping_criteria, generation_config, streamer, sampled_draft
+    ):
+        self.model, self.settings, self.streamer, self.sampled_draft = model, settings, streamer, sampled_draft
         self.drafter = TreeDrafter(draft, settings.top_k)
         self.layer_ids = list(draft.config.target_layer_ids)
         self.processors, self.stopping = logits_processor, stopping_criteria
@@ -304,10 +312,7 @@ class _TreeDecoder:
         """Draft a tree, verify it, accept a path and a bonus token, compact the cache, update the draft."""
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = max(0, min(self.settings.depth, remaining - 1))  # deeper nodes could never be emitted
-        tree = self.drafter.grow(self.sequences[0, -1], depth, self.settings.total_tokens).to(self.model.device)
-        if self.settings.lookup_tokens and depth > 0:
-            chain = prompt_lookup_chain(self.sequences[0], min(self.settings.lookup_tokens, remaining - 1))
-            tree = graft_chain(tree, chain)
+        tree = self._draft_tree(depth, remaining)
         padding = self._padding(cache.get_seq_length())
         logits, features = verify_tree(self.model, tree, cache, self.position, self.layer_ids, padding)
         scores = process_tree_logits(self.processors, self.sequences, tree, logits)
@@ -326,6 +331,22 @@ class _TreeDecoder:
         if not stopped:
             self.drafter.extend(new_tokens[None], features[path][None])
         return stopped
+
+    def _draft_tree(self, depth: int, remaining: int) -> DraftTree:
+        """This round's tree, with the prompt-lookup chain when asked: grafted in place of the weakest nodes of a
+        top-k tree, or appended to a sampled tree grown that much smaller (its nodes cannot be dropped by score)."""
+        root, num_nodes = self.sequences[0, -1], self.settings.total_tokens
+        chain = None
+        if self.settings.lookup_tokens and depth > 0:
+            chain = prompt_lookup_chain(self.sequences[0], min(self.settings.lookup_tokens, remaining - 1))
+        if self.sampled_draft and depth > 0:
+            temperature = self.config.temperature or 1.0
+            chain_length = 0 if chain is None else min(chain.numel(), num_nodes - 1)
+            tree = self.drafter.grow_sampled(root, depth, num_nodes - chain_length, temperature)
+            tree = tree if chain is None else append_chain(tree, chain[:chain_length].to(tree.tokens.device))
+            return tree.to(self.model.device)
+        tree = self.drafter.grow(root, depth, num_nodes).to(self.model.device)
+        return tree if chain is None else graft_chain(tree, chain)
 
     def _emit(self, tokens: torch.LongTensor, scores: torch.Tensor, logits: torch.Tensor) -> tuple[bool, int]:
         """Append `tokens` one at a time, checking the stopping criteria after each, as plain `generate` does.

@@ -9,6 +9,11 @@ before its children, siblings in draft-rank order):
     depths    [N]     0 for the root, parent depth + 1 otherwise
     ancestors [N, N]  ancestors[i, j] is True iff j is i or an ancestor of i (the tree attention pattern)
 
+A *sampled* tree (drafted for sampling, `TreeDrafter.grow_sampled`) also carries `sampled [N]` (the node's token
+was drawn from its parent's draft distribution, not picked deterministically) and `draft_probs [N, V]` (each
+node's draft distribution over the target vocabulary, which its sampled children were drawn from), which
+`sample_accept` needs for recursive rejection sampling.
+
 For the tree `0 -> {1, 2}`, `1 -> {3}`:
 
     parents = [-1, 0, 0, 1]      ancestors = 1 0 0 0
@@ -32,6 +37,10 @@ class DraftTree:
         depths (`torch.LongTensor` of shape `(N,)`): depth per node, 0 for the root.
         ancestors (`torch.BoolTensor` of shape `(N, N)`): `ancestors[i, j]` iff `j` is `i` or an ancestor of `i`.
         scores (`torch.FloatTensor` of shape `(N,)`): cumulative draft log-probability, 0 for the root.
+        sampled (`torch.BoolTensor` of shape `(N,)`, *optional*): sampled trees only: True where the node's token
+            was drawn (without replacement, in sibling order) from its parent's `draft_probs`.
+        draft_probs (`torch.FloatTensor` of shape `(N, V)`, *optional*): sampled trees only: each node's draft
+            distribution over the target vocabulary (rows of nodes without sampled children are unused).
     """
 
     tokens: torch.LongTensor
@@ -39,15 +48,16 @@ class DraftTree:
     depths: torch.LongTensor
     ancestors: torch.BoolTensor
     scores: torch.FloatTensor
+    sampled: torch.BoolTensor | None = None
+    draft_probs: torch.FloatTensor | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[0]
 
     def to(self, device: torch.device | str) -> "DraftTree":
-        return DraftTree(
-            *(t.to(device) for t in (self.tokens, self.parents, self.depths, self.ancestors, self.scores))
-        )
+        fields = (self.tokens, self.parents, self.depths, self.ancestors, self.scores, self.sampled, self.draft_probs)
+        return DraftTree(*(None if t is None else t.to(device) for t in fields))
 
 
 def ancestor_matrix(parents: torch.LongTensor) -> tuple[torch.BoolTensor, torch.LongTensor]:
@@ -140,6 +150,8 @@ def _keep_nodes(tree: DraftTree, keep: torch.BoolTensor) -> DraftTree:
         depths=tree.depths[index],
         ancestors=tree.ancestors[index][:, index],
         scores=tree.scores[index],
+        sampled=None if tree.sampled is None else tree.sampled[index],
+        draft_probs=None if tree.draft_probs is None else tree.draft_probs[index],
     )
 
 
@@ -275,13 +287,21 @@ def greedy_accept(tree: DraftTree, choices: torch.LongTensor) -> tuple[torch.Lon
 
 
 def sample_accept(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """Lossless speculative sampling over a tree with a deterministic (top-k) draft, i.e. `q(x) = 1`.
+    """Lossless speculative sampling over a tree: recursive rejection sampling, child by child.
 
-    From the current node, its children are tried in draft-rank order: child `c` is accepted with probability
-    `p(c)` under the current distribution `p`; a rejected child is zeroed and `p` renormalised before the next
-    sibling. If every child is rejected, the bonus token is drawn from the residual `p`; at a leaf it is drawn
-    from the leaf's distribution. Each emitted token is therefore distributed exactly as the target's
-    (processed) next-token distribution given the accepted prefix (SpecInfer / EAGLE multi-draft rule).
+    From the current node, with `r` the target's (processed) distribution there, the children are tried in node
+    order:
+
+    - a *deterministic* child `c` (top-k or prompt-lookup, i.e. `q = δ_c`) is accepted with probability `r(c)`;
+      on rejection `r(c)` is zeroed and `r` renormalised (the SpecInfer / EAGLE rule with `q(x) = 1`);
+    - a *sampled* child `x` (`tree.sampled`), drawn from the parent's draft distribution `q` without replacement,
+      is accepted with probability `min(1, r(x) / q(x))`; on rejection `r <- norm(max(r - q, 0))` and `x` is
+      removed from `q`, which is renormalised: the distribution the next sampled sibling was drawn from
+      (recursive speculative decoding without replacement, Jeon et al. 2024, arXiv 2402.14160).
+
+    Each step is one exact speculative-sampling step for the current `r`, so if every child is rejected the bonus
+    token drawn from the residual `r` (at a leaf, from the leaf's distribution) completes an exact sample: every
+    emitted token is distributed as the target's processed next-token distribution given the accepted prefix.
 
     Args:
         tree ([`DraftTree`]): the verified tree.
@@ -291,34 +311,72 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.LongTenso
         `(path, bonus)`: accepted node indices root first `(acc + 1,)`, and the bonus token `()`.
     """
     tokens = tree.tokens.tolist()
+    sampled = [False] * len(tokens) if tree.sampled is None else tree.sampled.tolist()
     children_of: list[list[int]] = [[] for _ in tokens]
     for child, parent in enumerate(tree.parents.tolist()[1:], start=1):
-        children_of[parent].append(child)  # node order = draft-rank order among siblings
+        children_of[parent].append(child)  # node order = draft order among siblings
     node, path = 0, [0]
     while True:
-        children = children_of[node]
-        p = probs[node]
-        if not children:
-            return torch.tensor(path, device=tree.tokens.device), torch.multinomial(p, 1)[0]
-        child_tokens = [tokens[c] for c in children]
-        child_probs = p[child_tokens].double().tolist()
-        uniforms = torch.rand(len(children), dtype=torch.float64).tolist()
-        remaining = float(p.double().sum())
+        residual = probs[node].double()
+        residual = residual / residual.sum()
+        draft = None
         accepted = None
-        for child, prob, u in zip(children, child_probs, uniforms):
-            if u * remaining < prob:  # u < prob / remaining: acceptance under the renormalised distribution
-                accepted = child
-                break
-            remaining -= prob
+        for child in children_of[node]:
+            token, u = tokens[child], float(torch.rand((), dtype=torch.float64))
+            if sampled[child]:
+                draft = tree.draft_probs[node].double() if draft is None else draft
+                if u * float(draft[token]) < float(residual[token]):  # u < min(1, r(x) / q(x))
+                    accepted = child
+                    break
+                left = torch.clamp(residual - draft, min=0)
+                draft[token] = 0
+                draft = draft / draft.sum()
+            else:
+                if u < float(residual[token]):
+                    accepted = child
+                    break
+                left = residual.clone()
+                left[token] = 0
+            # Nothing left happens only through rounding (a child holding all of `r` is always accepted).
+            residual = left / left.sum() if bool(left.sum() > 0) else residual
         if accepted is None:
-            residual = p.clone()
-            residual[child_tokens] = 0
-            # All mass on rejected children cannot happen in exact arithmetic (a child holding all the remaining
-            # mass is always accepted); fall back to `p` if rounding leaves nothing.
-            residual = residual if bool(residual.sum() > 0) else p
-            return torch.tensor(path, device=tree.tokens.device), torch.multinomial(residual, 1)[0]
+            return torch.tensor(path, device=tree.tokens.device), torch.multinomial(residual.float(), 1)[0]
         node = accepted
         path.append(node)
+
+
+def append_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
+    """Add the path `root -> chain[0] -> chain[1] -> ...` to a sampled tree as new deterministic nodes.
+
+    Unlike `graft_chain`, nothing is merged or dropped: which sampled nodes a tree keeps must not depend on their
+    own tokens, or the sampled siblings would no longer follow the draft distribution that `sample_accept`
+    assumes. The caller leaves room for the chain when growing the tree. A chain token may equal a sampled
+    sibling's; recursive rejection sampling handles the duplicate.
+
+    Args:
+        tree ([`DraftTree`]): a tree with `sampled` and `draft_probs`.
+        chain (`torch.LongTensor` of shape `(m,)`): tokens expected after the root.
+
+    Returns:
+        [`DraftTree`] with `tree.num_nodes + m` nodes.
+    """
+    m = chain.numel()
+    if m == 0:
+        return tree
+    device, first = tree.tokens.device, tree.num_nodes
+    chain_parents = torch.arange(first - 1, first - 1 + m, device=device)
+    chain_parents[0] = 0
+    parents = torch.cat([tree.parents, chain_parents])
+    ancestors, depths = ancestor_matrix(parents)
+    return DraftTree(
+        tokens=torch.cat([tree.tokens, chain.to(device)]),
+        parents=parents,
+        depths=depths,
+        ancestors=ancestors,
+        scores=torch.cat([tree.scores, tree.scores.new_zeros(m)]),
+        sampled=torch.cat([tree.sampled, torch.zeros(m, dtype=torch.bool, device=device)]),
+        draft_probs=torch.cat([tree.draft_probs, tree.draft_probs.new_zeros(m, tree.draft_probs.shape[1])]),
+    )
 
 
 def graft_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
@@ -337,6 +395,8 @@ def graft_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
     Returns:
         [`DraftTree`] with `tree.num_nodes` nodes.
     """
+    if tree.sampled is not None:
+        raise ValueError("graft_chain would drop sampled nodes by their scores; use append_chain for sampled trees.")
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
     node, on_chain = 0, {0}
     for token in chain.tolist():
