@@ -372,6 +372,19 @@ def test_prompt_lookup_nodes_keep_greedy_identical_and_get_accepted(llama_pair):
         tree_generate(target, draft, prompt, max_new_tokens=4, tree_lookup_tokens=-1)
 
 
+def test_sampled_trees_keep_their_size_with_lookup_chains_capped_at_half(llama_pair):
+    target, draft = llama_pair
+    prompt = random_prompt(10, 21).repeat(1, 3)
+    settings = dict(tree_total_tokens=7, tree_depth=3, tree_top_k=3, tree_lookup_tokens=5)
+    torch.manual_seed(0)
+    out = tree_generate(target, draft, prompt, noise=1.0, do_sample=True, max_new_tokens=30, **settings)
+    trees = out.draft_trees[:-1]  # the last round may be cut short by max_new_tokens
+    assert all(tree.num_nodes == 7 and tree.sampled is not None for tree in trees)
+    lookup_nodes = [int((~tree.sampled[1:]).sum()) for tree in trees]
+    assert max(lookup_nodes) == 3  # (7 - 1) // 2 of the 5 lookup tokens; the drawn tree keeps the rest
+    assert all(int(tree.sampled.sum()) == 6 - n for tree, n in zip(trees, lookup_nodes))
+
+
 def test_tree_settings_from_a_saved_head_folder(tmp_path):
     target = make_tiny_target()
     Eagle3DraftModel.from_target(target, draft_vocab_size=64).save_pretrained(tmp_path)

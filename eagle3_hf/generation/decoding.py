@@ -334,14 +334,17 @@ class _TreeDecoder:
 
     def _draft_tree(self, depth: int, remaining: int) -> DraftTree:
         """This round's tree, with the prompt-lookup chain when asked: grafted in place of the weakest nodes of a
-        top-k tree, or appended to a sampled tree grown that much smaller (its nodes cannot be dropped by score)."""
+        top-k tree, or (at most `(total_tokens - 1) // 2` of it) appended to a sampled tree grown that much smaller,
+        since drawn nodes cannot be dropped by score."""
         root, num_nodes = self.sequences[0, -1], self.settings.total_tokens
         chain = None
         if self.settings.lookup_tokens and depth > 0:
             chain = prompt_lookup_chain(self.sequences[0], min(self.settings.lookup_tokens, remaining - 1))
         if self.sampled_draft and depth > 0:
             temperature = self.config.temperature or 1.0
-            chain_length = 0 if chain is None else min(chain.numel(), num_nodes - 1)
+            # at most half the tree goes to the chain: with 8 nodes and 6 lookup tokens at temperature 1, a chain
+            # capped at 3 gave tau 1.92 / 1.87 on HumanEval / MT-bench, against 1.87 / 1.84 uncapped
+            chain_length = 0 if chain is None else min(chain.numel(), (num_nodes - 1) // 2)
             tree = self.drafter.grow_sampled(root, depth, num_nodes - chain_length, temperature)
             tree = tree if chain is None else append_chain(tree, chain[:chain_length].to(tree.tokens.device))
             return tree.to(self.model.device)
