@@ -27,6 +27,9 @@ def test_shipped_card_metadata_parses():
     assert data.library_name == "eagle3_hf"
     assert data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert {"eagle3", "speculative-decoding"} <= set(data.tags)
+    text = (DEFAULT_HEAD_DIR / "README.md").read_text()
+    assert 'draft_id = "model_cards/eagle3-SmolLM2-135M-Instruct"' in text  # no path of the machine that wrote it
+    assert "/work/" not in text and "/tmp/" not in text
     results = json.loads((DEFAULT_HEAD_DIR / "benchmark" / "results.json").read_text())
     assert all(row["greedy_mismatches"] == 0 for row in results["rows"])
 
