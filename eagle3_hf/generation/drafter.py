@@ -101,21 +101,10 @@ class TreeDrafter:
 
     def _expand(self, frontier: "_Frontier", level: int, candidates: tuple, last: bool) -> "_Frontier":
         """Feed the frontier (level `level`), record its children, return the next frontier."""
-        k = self.top_k
-        stable = self.stable_length - k * (level - 1)  # the cache also holds k entries per level fed so far
-        device, dtype = self.draft.fc.weight.device, self.draft.fc.weight.dtype
-        past = torch.ones(k, stable, dtype=torch.bool, device=device)
-        if self.past_keep is not None:
-            past = past & self.past_keep[None, :]
-        out = self.draft(
-            input_ids=frontier.tokens[None],
-            hidden_states=frontier.hidden[None],
-            attention_mask=additive_mask(torch.cat([past, frontier.visible], dim=1), dtype),
-            position_ids=torch.full((1, k), stable - 1 + level, device=device),
-            cache=self.cache,
-            use_cache=True,
-        )
-        values, ids = torch.log_softmax(out.logits[0].float(), dim=-1).topk(k, dim=-1)  # [k, k]
+        k, device = self.top_k, self.draft.fc.weight.device
+        # the cache also holds k temporary entries per level fed so far
+        hidden, logits = self._feed(frontier.tokens, frontier.hidden, frontier.visible, level, k * (level - 1))
+        values, ids = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [k, k]
         child_scores = (frontier.scores[:, None] + values).flatten()  # [k * k]
         child_tokens = self.draft.draft_to_target_ids(ids).flatten()
         offset = sum(c.shape[0] for c in candidates[0])
@@ -131,7 +120,7 @@ class TreeDrafter:
             tokens=child_tokens[best],
             scores=child_scores[best],
             flat_index=offset + best,
-            hidden=out.hidden_states[0][parent_slot],
+            hidden=hidden[parent_slot],
             visible=torch.cat([frontier.visible[parent_slot], eye], dim=1),
         )
 

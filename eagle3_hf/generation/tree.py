@@ -360,22 +360,28 @@ def append_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
     Returns:
         [`DraftTree`] with `tree.num_nodes + m` nodes.
     """
-    m = chain.numel()
-    if m == 0:
-        return tree
-    device, first = tree.tokens.device, tree.num_nodes
-    chain_parents = torch.arange(first - 1, first - 1 + m, device=device)
-    chain_parents[0] = 0
+    return tree if chain.numel() == 0 else _add_path(tree, 0, chain)
+
+
+def _add_path(tree: DraftTree, graft_point: int, tokens: torch.LongTensor) -> DraftTree:
+    """`tree` plus the new path `graft_point -> tokens[0] -> tokens[1] -> ...` `(m,)`, appended after its nodes
+    (topological order holds). The new nodes are deterministic: score 0, not sampled, no draft distribution."""
+    m, device = tokens.numel(), tree.tokens.device
+    chain_parents = torch.arange(tree.num_nodes - 1, tree.num_nodes - 1 + m, device=device)
+    chain_parents[0] = graft_point
     parents = torch.cat([tree.parents, chain_parents])
     ancestors, depths = ancestor_matrix(parents)
+    sampled, draft_probs = tree.sampled, tree.draft_probs
     return DraftTree(
-        tokens=torch.cat([tree.tokens, chain.to(device)]),
+        tokens=torch.cat([tree.tokens, tokens.to(device)]),
         parents=parents,
         depths=depths,
         ancestors=ancestors,
         scores=torch.cat([tree.scores, tree.scores.new_zeros(m)]),
-        sampled=torch.cat([tree.sampled, torch.zeros(m, dtype=torch.bool, device=device)]),
-        draft_probs=torch.cat([tree.draft_probs, tree.draft_probs.new_zeros(m, tree.draft_probs.shape[1])]),
+        sampled=None if sampled is None else torch.cat([sampled, sampled.new_zeros(m)]),
+        draft_probs=None
+        if draft_probs is None
+        else torch.cat([draft_probs, draft_probs.new_zeros(m, draft_probs.shape[1])]),
     )
 
 
@@ -414,16 +420,4 @@ def graft_chain(tree: DraftTree, chain: torch.LongTensor) -> DraftTree:
     keep = torch.ones(len(parents), dtype=torch.bool, device=tree.tokens.device)
     keep[droppable[: new_tokens.numel()]] = False
     kept = _keep_nodes(tree, keep)
-    graft_point = int(keep[:node].sum())  # `node`'s index among the kept nodes
-    first = kept.num_nodes
-    chain_parents = torch.arange(first - 1, first - 1 + new_tokens.numel(), device=kept.parents.device)
-    chain_parents[0] = graft_point
-    all_parents = torch.cat([kept.parents, chain_parents])
-    ancestors, depths = ancestor_matrix(all_parents)
-    return DraftTree(
-        tokens=torch.cat([kept.tokens, new_tokens.to(kept.tokens.device)]),
-        parents=all_parents,
-        depths=depths,
-        ancestors=ancestors,
-        scores=torch.cat([kept.scores, kept.scores.new_zeros(new_tokens.numel())]),
-    )
+    return _add_path(kept, int(keep[:node].sum()), new_tokens)  # `node`'s index among the kept nodes
