@@ -23,6 +23,17 @@ def test_sweep_measures_every_shape_fastest_first(tiny_target, tiny_draft):
     assert all((r["tau"] is None or r["tau"] >= 1.0) and r["speedup"] > 0 for r in results)
 
 
+def test_sweep_samples_every_prompt_once_per_seed(tiny_target, tiny_draft):
+    prompts = [EvalPrompt("sharegpt", "1", "", ["w1 w2 w3"]), EvalPrompt("sharegpt", "2", "", ["w9 w4"])]
+    tokenizer = make_word_tokenizer()
+    results = sweep(
+        tiny_target, tokenizer, tiny_draft, prompts, [(6, 3, 2)], 5, temperature=1.0, seeds=3, progress=False
+    )
+    assert results[0]["generations"] == 6 and results[0]["tau"] >= 1.0
+    greedy = sweep(tiny_target, tokenizer, tiny_draft, prompts, [(6, 3, 2)], 5, progress=False)
+    assert greedy[0]["generations"] == 2
+
+
 def test_save_tree_settings_keeps_the_other_keys(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"tree_depth": 9, "my_setting": "kept"}))
     best = {"tree_total_tokens": 12, "tree_depth": 3, "tree_top_k": 8, "tree_lookup_tokens": 4, "speedup": 1.2}

@@ -1,7 +1,8 @@
 """`eagle3-hf tune`: pick the fastest draft-tree shape (total_tokens, depth, top_k, lookup_tokens) on this machine.
 
-Each shape decodes the same prompts with the tree (greedy), interleaved with plain `generate`; the shape with the
-highest speedup over those plain runs wins. `lookup_tokens` is the number of prompt-lookup tokens grafted onto each
+Each shape decodes the same prompts with the tree, interleaved with plain `generate`, greedily or (`--temperature`)
+by sampling with sampled trees, each prompt `--seeds` times; the shape with the highest speedup over those plain
+runs wins. `lookup_tokens` is the number of prompt-lookup tokens grafted onto each
 tree (`tree_lookup_tokens`, 0 for the pure EAGLE-3 tree). `--save` writes the winner into the head folder's
 `generation_config.json`, where `generate` reads its defaults. `--offset` keeps the tuning prompts apart from the
 first prompts that `eagle3-hf bench --limit N` measures.
@@ -28,6 +29,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=4, help="prompts per dataset")
     parser.add_argument("--offset", type=int, default=0, help="skip this many prompts of each dataset first")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling (sampled trees)")
+    parser.add_argument("--seeds", type=int, default=1, help="sampling seeds per prompt (temperature > 0)")
     add_pack_weights_argument(parser, "every swept shape's row counts")
     parser.add_argument("--output", default="outputs/tune.json")
     parser.add_argument("--save", action="store_true", help="store the winner in the head's generation_config.json")
@@ -37,10 +40,21 @@ def make_parser() -> argparse.ArgumentParser:
 SHAPE_KEYS = ("tree_total_tokens", "tree_depth", "tree_top_k", "tree_lookup_tokens")
 
 
-def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progress: bool = True) -> list[dict]:
+def sweep(
+    target,
+    tokenizer,
+    draft,
+    prompts,
+    shapes,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seeds: int = 1,
+    progress: bool = True,
+) -> list[dict]:
     """Measure tokens/s and tau of every `(total_tokens, depth, top_k, lookup_tokens)` shape (a 3-tuple means no
-    lookup tokens); plain `generate` as reference. Returns one dict per shape (`SHAPE_KEYS`, `tokens_per_second`,
-    `speedup`, `tau`), fastest first."""
+    lookup tokens); plain `generate` as reference. At `temperature > 0` every prompt is sampled `seeds` times (with
+    sampled trees, as `generate` does by default). Returns one dict per shape (`SHAPE_KEYS`, `tokens_per_second`,
+    `speedup`, `tau`, `generations`), fastest first."""
     from tqdm.auto import tqdm
 
     from ..benchmark import run_benchmark, summarize
@@ -49,18 +63,21 @@ def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progre
     for shape in tqdm(shapes, desc="tree shapes", disable=not progress):
         tree_kwargs = dict(zip(SHAPE_KEYS, (*shape, 0)[:4]))
         method = "tree_lookup" if tree_kwargs["tree_lookup_tokens"] else "tree"
-        records = run_benchmark(
-            target,
-            tokenizer,
-            draft,
-            prompts,
-            methods=["plain", method],
-            temperatures=[0.0],
-            max_new_tokens=max_new_tokens,
-            tree_kwargs=tree_kwargs,
-            warmup=0,
-            progress=False,
-        )
+        records = []
+        for seed in range(seeds):  # sampled answers differ by seed; every seed samples plain and the tree alike
+            records += run_benchmark(
+                target,
+                tokenizer,
+                draft,
+                prompts,
+                methods=["plain", method],
+                temperatures=[temperature],
+                max_new_tokens=max_new_tokens,
+                tree_kwargs=tree_kwargs,
+                seed=seed * len(prompts),
+                warmup=0,
+                progress=False,
+            )
         dataset_rows = [r for r in summarize(records)["rows"] if "/" not in r["dataset"]]  # no per-category rows
         rows = [r for r in dataset_rows if r["method"] == method]
         tokens = sum(r["new_tokens"] for r in rows)
@@ -73,6 +90,7 @@ def sweep(target, tokenizer, draft, prompts, shapes, max_new_tokens: int, progre
                 "tokens_per_second": tokens / seconds,
                 "speedup": tokens / seconds / plain_speed,
                 "tau": _pooled_tau(rows),
+                "generations": sum(r["generations"] for r in rows),
             }
         )
     # Rank by speedup over the plain runs interleaved with the same shape: robust to load drifting between shapes.
@@ -118,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(*shape, lookup_tokens) for shape in shapes for lookup_tokens in args.lookup_tokens]
     target, tokenizer, draft = load_default_pair(args.head)
     print(pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights))
-    results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens)
+    results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens, args.temperature, args.seeds)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
     for row in results[:10]:
@@ -134,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if not head_dir.is_dir():
             raise SystemExit(f"--save needs a local head folder; {head_dir} is not one.")
         save_tree_settings(head_dir, best)
-        print(f"saved to {head_dir / 'generation_config.json'}")
+        print(f"saved to {head_dir / 'generation_config.json'} (the default shape at every temperature)")
     return 0
 
 
