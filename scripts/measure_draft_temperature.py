@@ -1,0 +1,109 @@
+"""Root acceptance of a sampled tree when the head's draws are sharpened or flattened (a study, not a setting).
+
+Sampled verification stays exact for any draft distribution `q`; only how often it accepts changes. This script
+samples answers from SmolLM2-135M-Instruct with the shipped head (temperature 1, sampled trees, no lookup),
+records at every round's root the target's distribution `p` and the head's `q = softmax(logits / T)`, and then
+replays the root with `q_m = softmax(logits / (T * m))` for several multipliers `m`:
+
+- one drawn child accepts with probability `sum_x min(p(x), q_m(x))` (computed exactly);
+- four children drawn without replacement are verified by recursive rejection sampling (`tree.sample_accept`'s
+  rule), estimated by Monte Carlo on a subset of the positions.
+
+    .venv/bin/python scripts/measure_draft_temperature.py --limit 3 --offset 12
+"""
+
+import argparse
+
+import torch
+
+from eagle3_hf.bench_data import load_prompts
+from eagle3_hf.benchmark import _encode_chat
+from eagle3_hf.defaults import load_default_pair
+from eagle3_hf.generation import decoding
+
+
+def root_distributions(target, tokenizer, draft, prompts, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(p, q)`, each `(positions, vocab_size)` float64: the target's and the head's distributions at the roots."""
+    captured = []
+    process = decoding.process_tree_logits
+
+    def capture(processors, prefix, tree, logits):
+        scores = process(processors, prefix, tree, logits)
+        captured.append(torch.softmax(scores[0].double(), dim=-1))
+        return scores
+
+    decoding.process_tree_logits = capture  # the loop's own processed root distribution, round by round
+    p, q = [], []
+    try:
+        for index, prompt in enumerate(prompts):
+            input_ids = _encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}], target.device)
+            torch.manual_seed(index)
+            captured.clear()
+            output = target.generate(
+                input_ids,
+                assistant_model=draft,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                tree_lookup_tokens=0,
+                return_dict_in_generate=True,
+                output_draft_trees=True,
+            )
+            for tree, target_probs in zip(output.draft_trees, captured):
+                if tree.draft_probs is not None:  # the last round may be a bare root (no room left to draft)
+                    p.append(target_probs)
+                    q.append(tree.draft_probs[0].double())
+    finally:
+        decoding.process_tree_logits = process
+    return torch.stack(p), torch.stack(q)
+
+
+def accepts_drawn_children(p: torch.Tensor, q: torch.Tensor, k: int, trials: int, generator) -> float:
+    """Monte Carlo rate at which `k` draws without replacement from `q` accept one under target `p`."""
+    accepted = 0
+    for _ in range(trials):
+        residual, draft = p.clone(), q.clone()
+        uniform = torch.rand(draft.shape, generator=generator, dtype=torch.float64).clamp(min=1e-300)
+        draws = (torch.log(draft) - torch.log(-torch.log(uniform))).topk(k).indices  # Gumbel top-k
+        for token in draws.tolist():
+            if torch.rand((), generator=generator, dtype=torch.float64) * draft[token] < residual[token]:
+                accepted += 1
+                break
+            residual = torch.clamp(residual - draft, min=0)
+            residual = residual / residual.sum()
+            draft[token] = 0
+            draft = draft / draft.sum()
+    return accepted / trials
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", default=["mt_bench", "humaneval", "sharegpt"])
+    parser.add_argument("--limit", type=int, default=3, help="prompts per dataset")
+    parser.add_argument("--offset", type=int, default=12, help="skip this many prompts of each dataset first")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5])
+    parser.add_argument("--positions", type=int, default=120, help="positions replayed by Monte Carlo")
+    parser.add_argument("--trials", type=int, default=60, help="Monte Carlo trials per position")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer, draft = load_default_pair()
+    prompts = load_prompts(args.datasets, args.limit, offset=args.offset)
+    p, q = root_distributions(target, tokenizer, draft, prompts, args.max_new_tokens)
+    print(f"{p.shape[0]} root positions")
+    generator = torch.Generator().manual_seed(0)
+    subset = range(0, p.shape[0], max(1, p.shape[0] // args.positions))
+    for m in args.multipliers:
+        q_m = q.clamp(min=1e-300) ** (1 / m) * (q > 0)  # softmax(logits / (T m)) on the head's support
+        q_m = q_m / q_m.sum(dim=-1, keepdim=True)
+        one = torch.minimum(p, q_m).sum(dim=-1).mean().item()
+        four = sum(accepts_drawn_children(p[i], q_m[i], 4, args.trials, generator) for i in subset) / len(subset)
+        print(f"m = {m}: 1 drawn child accepts {one:.3f}, 4 drawn children {four:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
