@@ -338,6 +338,18 @@ def test_sampled_children_are_accepted_more_often_and_a_wrong_rule_is_detected()
     assert chisquare(counts, P_ROOT * counts.sum()).pvalue < 1e-6
 
 
+def test_sample_accept_leaves_a_float64_tree_unchanged():
+    torch.manual_seed(0)
+    tree = _sampled_tree(3, None)
+    tree.draft_probs = tree.draft_probs.double()
+    before = tree.draft_probs.clone()
+    undrawn = next(t for t in range(6) if t not in tree.tokens[1:].tolist())
+    probs = torch.zeros(4, 6, dtype=torch.float64)
+    probs[:, undrawn] = 1  # the target only emits a token no child holds: every child is rejected
+    assert len(sample_accept(tree, probs)[0]) == 1
+    assert torch.equal(tree.draft_probs, before)
+
+
 def test_append_chain_adds_deterministic_nodes_and_graft_chain_refuses_sampled_trees():
     from eagle3_hf.generation.tree import append_chain
 

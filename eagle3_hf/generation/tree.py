@@ -324,7 +324,8 @@ def sample_accept(tree: DraftTree, probs: torch.Tensor) -> tuple[torch.LongTenso
         for child in children_of[node]:
             token, u = tokens[child], float(torch.rand((), dtype=torch.float64))
             if sampled[child]:
-                draft = tree.draft_probs[node].double() if draft is None else draft
+                if draft is None:  # a copy even when already float64: rejections edit it in place below
+                    draft = tree.draft_probs[node].to(torch.float64, copy=True)
                 if u * float(draft[token]) < float(residual[token]):  # u < min(1, r(x) / q(x))
                     accepted = child
                     break
