@@ -6,8 +6,8 @@ records at every round's root the target's distribution `p` and the head's `q = 
 replays the root with `q_m = softmax(logits / (T * m))` for several multipliers `m`:
 
 - one drawn child accepts with probability `sum_x min(p(x), q_m(x))` (computed exactly);
-- four children drawn without replacement are verified by recursive rejection sampling (`tree.sample_accept`'s
-  rule), estimated by Monte Carlo on a subset of the positions.
+- four children drawn without replacement are verified by `tree.sample_accept` (recursive rejection sampling),
+  estimated by Monte Carlo on a subset of the positions.
 
     .venv/bin/python scripts/measure_draft_temperature.py --limit 3 --offset 12
 """
@@ -20,6 +20,7 @@ from eagle3_hf.bench_data import load_prompts
 from eagle3_hf.benchmark import _encode_chat
 from eagle3_hf.defaults import load_default_pair
 from eagle3_hf.generation import decoding
+from eagle3_hf.generation.tree import DraftTree, ancestor_matrix, sample_accept
 
 
 def root_distributions(target, tokenizer, draft, prompts, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,21 +61,22 @@ def root_distributions(target, tokenizer, draft, prompts, max_new_tokens: int) -
     return torch.stack(p), torch.stack(q)
 
 
-def accepts_drawn_children(p: torch.Tensor, q: torch.Tensor, k: int, trials: int, generator) -> float:
-    """Monte Carlo rate at which `k` draws without replacement from `q` accept one under target `p`."""
+def accepts_drawn_children(p: torch.Tensor, q: torch.Tensor, k: int, trials: int) -> float:
+    """Monte Carlo rate at which a root with `k` children drawn without replacement from `q` (Gumbel top-k, as
+    `TreeDrafter.grow_sampled` draws them) accepts one under target `p`, verified by `tree.sample_accept`."""
+    parents = torch.tensor([-1] + [0] * k)
+    ancestors, depths = ancestor_matrix(parents)
+    sampled = torch.tensor([False] + [True] * k)
+    draft_probs = torch.cat([q[None], q.new_zeros(k, q.shape[0])])
+    probs = p[None].expand(k + 1, -1)  # the children's rows only draw the bonus token, which is not counted
     accepted = 0
     for _ in range(trials):
-        residual, draft = p.clone(), q.clone()
-        uniform = torch.rand(draft.shape, generator=generator, dtype=torch.float64).clamp(min=1e-300)
-        draws = (torch.log(draft) - torch.log(-torch.log(uniform))).topk(k).indices  # Gumbel top-k
-        for token in draws.tolist():
-            if torch.rand((), generator=generator, dtype=torch.float64) * draft[token] < residual[token]:
-                accepted += 1
-                break
-            residual = torch.clamp(residual - draft, min=0)
-            residual = residual / residual.sum()
-            draft[token] = 0
-            draft = draft / draft.sum()
+        uniform = torch.rand(q.shape, dtype=torch.float64).clamp(min=1e-300)
+        draws = (torch.log(q) - torch.log(-torch.log(uniform))).topk(k).indices
+        tokens = torch.cat([torch.zeros(1, dtype=torch.long), draws])
+        tree = DraftTree(tokens, parents, depths, ancestors, torch.zeros(k + 1), sampled, draft_probs)
+        path, _ = sample_accept(tree, probs)
+        accepted += int(path.numel() > 1)
     return accepted / trials
 
 
@@ -95,13 +97,13 @@ def main() -> None:
     prompts = load_prompts(args.datasets, args.limit, offset=args.offset)
     p, q = root_distributions(target, tokenizer, draft, prompts, args.max_new_tokens)
     print(f"{p.shape[0]} root positions")
-    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
     subset = range(0, p.shape[0], max(1, p.shape[0] // args.positions))
     for m in args.multipliers:
         q_m = q.clamp(min=1e-300) ** (1 / m) * (q > 0)  # softmax(logits / (T m)) on the head's support
         q_m = q_m / q_m.sum(dim=-1, keepdim=True)
         one = torch.minimum(p, q_m).sum(dim=-1).mean().item()
-        four = sum(accepts_drawn_children(p[i], q_m[i], 4, args.trials, generator) for i in subset) / len(subset)
+        four = sum(accepts_drawn_children(p[i], q_m[i], 4, args.trials) for i in subset) / len(subset)
         print(f"m = {m}: 1 drawn child accepts {one:.3f}, 4 drawn children {four:.3f}", flush=True)
 
 
