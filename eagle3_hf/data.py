@@ -8,6 +8,7 @@ Each conversation is rendered with the target's own chat template; `loss_mask` m
 separators). See docs/training-data.md.
 """
 
+import codecs
 import gzip
 import hashlib
 import itertools
@@ -47,7 +48,8 @@ ROLE_ALIASES = {
 _SENTINEL = "<<eagle3-assistant-content-5f1c9e>>"
 _READ_CHUNK = 1 << 20
 # Bump when the rendering or masking rules change, so fingerprints (and vocab caches keyed on them) change too.
-_FORMAT_VERSION = 1
+# 2: approximate spans are searched for only inside their own turn.
+_FORMAT_VERSION = 2
 
 
 @dataclass
@@ -91,24 +93,51 @@ class DataStats:
 # ----------------------------------------------------------------------------------------------- reading records
 
 
+def _decode_cut_last_line(path: Path, file, error: UnicodeDecodeError, lines_read: int) -> tuple[str, int]:
+    """Handle bytes of `file` that are not UTF-8 (`error`, from decoding `error.object` after `lines_read` lines).
+
+    In the last line of a file without a final newline they are what a cut inside a multi-byte character leaves:
+    returns the text decoded before them and the number of bytes left out (they and the rest of the file), so the
+    reader treats that line as any other cut-off one. Anywhere else raises `ValueError` naming the file and line.
+    """
+    data, dropped = error.object, len(error.object) - error.start
+    newline = b"\n" in data[error.start :]
+    while not newline and (rest := file.read(_READ_CHUNK)):
+        newline, dropped = b"\n" in rest, dropped + len(rest)
+    if newline:
+        line = lines_read + data.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"{path}:{line} is not valid UTF-8 ({error.reason}).") from error
+    return data[: error.start].decode("utf-8"), dropped
+
+
 def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
     """Stream the records of a JSON array file or a JSONL file (optionally `.gz`), one at a time.
 
-    A file cut off mid-record (the shipped ShareGPT file is) yields every complete record, then logs a warning
-    with the count read; it never raises for that. Memory stays around one record plus a 1 MiB read buffer.
+    A file cut off mid-record (the shipped ShareGPT file is), even inside a multi-byte UTF-8 character, yields every
+    complete record, then logs a warning with the count read; it never raises for that. Bytes that are not UTF-8
+    before the last line raise `ValueError` naming the file and line. Memory stays around one record plus a 1 MiB
+    read buffer.
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     decoder = json.JSONDecoder()
     count = 0
-    with opener(path, "rt", encoding="utf-8") as file:
-        buffer, position, at_eof = "", 0, False
+    # Bytes, decoded here rather than by a text-mode file: a strict text-mode read raises a bare UnicodeDecodeError
+    # when the file is cut inside a character, and it cannot tell where the bad bytes are.
+    with opener(path, "rb") as file:
+        utf8 = codecs.getincrementaldecoder("utf-8")()
+        buffer, position, at_eof, lines_read, dropped = "", 0, False, 0, 0
 
         def refill() -> bool:
-            nonlocal buffer, position, at_eof
-            chunk = file.read(_READ_CHUNK) if not at_eof else ""
-            buffer, position, at_eof = buffer[position:] + chunk, 0, not chunk
-            return bool(chunk)
+            nonlocal buffer, position, at_eof, lines_read, dropped
+            raw = file.read(_READ_CHUNK) if not at_eof else b""
+            try:
+                chunk = utf8.decode(raw, final=not raw)
+            except UnicodeDecodeError as error:
+                (chunk, dropped), raw = _decode_cut_last_line(path, file, error, lines_read), b""
+            lines_read += raw.count(b"\n")
+            buffer, position, at_eof = buffer[position:] + chunk, 0, not raw
+            return bool(raw)
 
         def skip(chars: str) -> None:
             nonlocal position
@@ -143,6 +172,12 @@ def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
             position = end
             count += 1
             yield record
+    if dropped:  # the cut left nothing but part of a character on the last line
+        logger.warning(
+            f"{path} is truncated: read {count} complete records, then {dropped} bytes that are not UTF-8 "
+            "(a cut inside a character); ignoring them."
+        )
+        return
     logger.info(f"Read {count} records from {path}.")
 
 
@@ -238,6 +273,11 @@ def _render(tokenizer, messages: list[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
 
 
+def _with_sentinel(messages: list[dict[str, str]], index: int) -> list[dict[str, str]]:
+    """`messages` with message `index`'s content replaced by `_SENTINEL`."""
+    return [*messages[:index], {**messages[index], "content": _SENTINEL}, *messages[index + 1 :]]
+
+
 def _assistant_turn_text(tokenizer, messages: list[dict[str, str]], index: int) -> tuple[str, str, str | None]:
     """How the template renders assistant message `index` when it ends the conversation.
 
@@ -246,7 +286,7 @@ def _assistant_turn_text(tokenizer, messages: list[dict[str, str]], index: int) 
     rendered content alone; `head` is the render of everything before the content (the earlier turns and this
     turn's header), or None when the template does not keep the content between a fixed head and tail.
     """
-    probe = _render(tokenizer, messages[:index] + [{"role": "assistant", "content": _SENTINEL}])
+    probe = _render(tokenizer, _with_sentinel(messages[: index + 1], index))
     head, found, tail = probe.partition(_SENTINEL)
     rendered = _render(tokenizer, messages[: index + 1])
     if not found or not rendered.startswith(head) or not rendered.endswith(tail) or len(rendered) < len(head + tail):
@@ -254,6 +294,21 @@ def _assistant_turn_text(tokenizer, messages: list[dict[str, str]], index: int) 
         return content, content, None
     content = rendered[len(head) : len(rendered) - len(tail)]
     return content + tail.rstrip(), content, head
+
+
+def _assistant_turn_region(tokenizer, messages: list[dict[str, str]], index: int, text: str) -> tuple[int, int]:
+    """Where the template puts assistant message `index`'s content in `text`, the render of all of `messages`.
+
+    Renders all of `messages` with a sentinel as this message's content: the text before the sentinel ends with
+    this turn's header, the text after it holds the later turns. Returns `(start, stop)`: `start` is right after
+    the header, `stop` is where the later turns begin (`len(text)` if `text` does not end with them). Raises
+    `ValueError` if `text` does not start with the text before the sentinel.
+    """
+    before, found, after = _render(tokenizer, _with_sentinel(messages, index)).partition(_SENTINEL)
+    if not found or not text.startswith(before):
+        raise ValueError(f"assistant turn {index}: its header is not in the rendered conversation.")
+    stop = len(text) - len(after)
+    return len(before), stop if text.endswith(after) and stop >= len(before) else len(text)
 
 
 def render_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]], bool]:
@@ -264,8 +319,9 @@ def render_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[str,
     with a sentinel as the turn's content to find its head and tail, then with the real content. For templates
     whose render of a conversation starts with the render of each of its prefixes (ChatML, Llama 3, Gemma, ...)
     the spans are exact. Otherwise (e.g. a template that renders earlier turns differently) the turn is searched
-    for after the previous span, then its content alone, and `approximate` is True. Raises `ValueError` if a turn
-    cannot be found.
+    for inside its own region of the render (after its header, before the later turns; see
+    `_assistant_turn_region`), then its content alone, and `approximate` is True. Raises `ValueError` if a turn
+    cannot be found there.
     """
     text = _render(tokenizer, messages)
     spans: list[tuple[int, int]] = []
@@ -277,12 +333,18 @@ def render_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[str,
         if head is not None and len(head) >= cursor and text.startswith(head) and text.startswith(turn, len(head)):
             start = len(head)
         else:
+            # Search only this turn's own region: the content may also occur in a user turn (a prompt that quotes
+            # the answer) or in a later answer, and a match there would put the loss on the wrong text.
             approximate = True
-            start = text.find(turn, cursor)
+            low, stop = _assistant_turn_region(tokenizer, messages, index, text)
+            low = max(low, cursor)
+            start = text.find(turn, low, stop + len(turn) - len(content))  # the marker may follow the region
             if start < 0:
-                turn, start = content, text.find(content, cursor)
+                turn, start = content, text.find(content, low, stop)
             if start < 0 or not turn:
-                raise ValueError(f"assistant turn {index} ({content[:40]!r}...) is not in the rendered conversation.")
+                raise ValueError(
+                    f"assistant turn {index} ({content[:40]!r}...) is not in its own turn of the rendered conversation."
+                )
         spans.append((start, start + len(turn)))
         cursor = start + len(turn)
     return text, spans, approximate
@@ -357,21 +419,27 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return digest.hexdigest()[:16]
 
 
-def _render_for_training(tokenizer, messages, plain_text_loss: str) -> tuple[str, list[tuple[int, int]], bool, str]:
-    """`(text, spans, approximate, status)` for one conversation; status "invalid" if the template rejects it."""
+def _render_for_training(
+    tokenizer, messages, plain_text_loss: str, index: int
+) -> tuple[str, list[tuple[int, int]], bool, str]:
+    """`(text, spans, approximate, status)` for record `index`; status "invalid" if the template rejects it."""
     try:
         if tokenizer.chat_template is None:
             return *render_plain_text(tokenizer, messages, plain_text_loss), False, "kept"
         return *render_conversation(tokenizer, messages), "kept"
     except (TemplateError, ValueError) as error:
-        logger.debug(f"Skipping a conversation the chat template cannot render: {error}")
+        logger.debug(f"Skipping record {index}, which the chat template cannot render or mask: {error}")
         return "", [], False, "invalid"
 
 
 def _tokenize_batch(batch, tokenizer, max_length: int, overflow: str, plain_text_loss: str) -> dict[str, list]:
-    """`datasets.map` function: `messages` -> `input_ids`, `loss_mask` and bookkeeping columns."""
+    """`datasets.map` function: `messages` (and the source `index`) -> `input_ids`, `loss_mask` and bookkeeping
+    columns."""
     texts, spans, approximate, statuses = zip(
-        *(_render_for_training(tokenizer, messages, plain_text_loss) for messages in batch["messages"])
+        *(
+            _render_for_training(tokenizer, messages, plain_text_loss, index)
+            for messages, index in zip(batch["messages"], batch["index"])
+        )
     )
     out = {"input_ids": [], "loss_mask": [], "status": [], "approximate": list(approximate)}
     for (ids, mask), status in zip(tokenize_with_mask(tokenizer, list(texts), list(spans)), statuses):
@@ -430,7 +498,7 @@ def build_training_dataset(
         raise ValueError(f"overflow={overflow!r}; expected 'truncate' or 'drop'.")
     if max_length < 2:
         raise ValueError(f"max_length={max_length} must be at least 2.")
-    stats, conversations, digest = DataStats(), [], hashlib.sha256()
+    stats, conversations, indices, digest = DataStats(), [], [], hashlib.sha256()
     for index, record in iter_records(source, offset, limit):
         stats.read += 1
         try:
@@ -443,6 +511,7 @@ def build_training_dataset(
             stats.empty += 1
             continue
         conversations.append(messages)
+        indices.append(index)
         digest.update(json.dumps(messages).encode())
     if not conversations:
         raise ValueError(f"No usable conversation in {source!r:.100} (offset={offset}, limit={limit}): {stats}.")
@@ -450,12 +519,12 @@ def build_training_dataset(
     digest.update(json.dumps(settings).encode())
     fingerprint = digest.hexdigest()[:16]
 
-    dataset = Dataset.from_dict({"messages": conversations}).map(
+    dataset = Dataset.from_dict({"messages": conversations, "index": indices}).map(
         _tokenize_batch,
         batched=True,
         batch_size=256,
         num_proc=num_proc,
-        remove_columns=["messages"],
+        remove_columns=["messages", "index"],
         fn_kwargs=dict(tokenizer=tokenizer, max_length=max_length, overflow=overflow, plain_text_loss=plain_text_loss),
         new_fingerprint=f"{fingerprint}-tokenized",
         desc="Tokenizing conversations",

@@ -50,6 +50,13 @@ EOS_AT_END = (
     "{% if not loop.last %}{{ '\\n' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '\\n### assistant:\\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
+# Qwen3-style: only the last assistant turn gets an empty think block, so earlier turns render differently.
+QWEN3_LIKE = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' and loop.last %}"
+    "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 CORPUS = [
     "What is the capital of France? Paris is the capital.\nAnd 6 * 7? The answer is 42!",
     "user assistant system model helpful def f(x): return x * 2  # code\n\n### done",
@@ -197,6 +204,33 @@ class TestJsonReader:
         heldout = list(data.read_sharegpt_heldout_records(1, source=records))
         assert [(index, record["id"], record["first_user_turn"]) for index, record in heldout] == [(2, 2, "q2")]
 
+    @pytest.mark.parametrize("chunk", [7, 1 << 20])
+    @pytest.mark.parametrize("last_line", ["partial_record", "partial_character"])
+    def test_cut_inside_a_character(self, tmp_path, caplog, monkeypatch, chunk, last_line):
+        # An interrupted writer (e.g. `regenerate`, which writes ensure_ascii=False) can stop inside a character.
+        monkeypatch.setattr(data, "_READ_CHUNK", chunk)
+        lines = [(json.dumps(r, ensure_ascii=False) + "\n").encode() for r in self.RECORDS]
+        complete = b"".join(lines[:3])
+        cut = lines[3][: lines[3].index("\u00e9".encode()) + 1] if last_line == "partial_record" else b"\xc3"
+        path = tmp_path / "cut.jsonl"
+        path.write_bytes(complete + cut)
+        with caplog.at_level(logging.WARNING, logger="eagle3_hf.data"):
+            records = list(iter_json_records(path))
+        assert records == self.RECORDS[:3]
+        assert f"{path} is truncated" in caplog.text and "read 3 complete records" in caplog.text
+
+    @pytest.mark.parametrize("chunk", [7, 1 << 20])
+    def test_invalid_utf8_before_the_last_line_raises(self, tmp_path, monkeypatch, chunk):
+        monkeypatch.setattr(data, "_READ_CHUNK", chunk)
+        lines = [(json.dumps(r, ensure_ascii=False) + "\n").encode() for r in self.RECORDS]
+        path = tmp_path / "bad.jsonl"
+        path.write_bytes(b"".join(lines[:2]) + lines[2].replace(b"q2", b"q\xff") + b"".join(lines[3:]))
+        with pytest.raises(ValueError, match=f"{path.name}:3 is not valid UTF-8"):
+            list(iter_json_records(path))
+        path.write_bytes(b"".join(lines[:4]) + lines[4].replace(b"q4", b"q\xff"))  # a complete last line
+        with pytest.raises(ValueError, match=f"{path.name}:5 is not valid UTF-8"):
+            list(iter_json_records(path))
+
     def test_not_json_raises(self, tmp_path):
         (tmp_path / "x.json").write_text("hello")
         with pytest.raises(ValueError, match="expected a JSON array"):
@@ -253,6 +287,68 @@ class TestLossMask:
         text, spans, approximate = render_conversation(tokenizer, messages)
         assert approximate
         assert [text[a:b] for a, b in spans] == ["Paris is the capital.", "The answer is 42!<eos>"]
+
+    @pytest.mark.parametrize(
+        "template, user_1, answer_1, answer_2, spans",
+        [
+            # The answer also occurs in the user's prompt: its span must not be found there.
+            (
+                EOS_AT_END,
+                "Is the answer 42? Reply yes or no.",
+                "yes",
+                "The answer is 42!",
+                [("### assistant:\n", "yes"), ("### assistant:\n", "The answer is 42!<eos>")],
+            ),
+            (
+                QWEN3_LIKE,
+                "Repeat after me: the answer is 42",
+                "the answer is 42",
+                "You are welcome.",
+                [
+                    ("<|im_start|>assistant\n", "the answer is 42<|im_end|>"),
+                    ("</think>\n\n", "You are welcome.<|im_end|>"),
+                ],
+            ),
+            # The same answer twice: the first turn's span must not be found in the last turn.
+            (EOS_AT_END, "Is it 42?", "yes", "yes", [("### assistant:\n", "yes"), ("### assistant:\n", "yes<eos>")]),
+        ],
+        ids=["eos_at_end_quoted", "qwen3_like_quoted", "eos_at_end_repeated"],
+    )
+    def test_approximate_span_is_inside_its_own_turn(self, template, user_1, answer_1, answer_2, spans):
+        tokenizer = make_chat_tokenizer(template, ("<eos>", "<|im_start|>", "<|im_end|>"), eos_token="<eos>")
+        messages = [
+            {"role": "user", "content": user_1},
+            {"role": "assistant", "content": answer_1},
+            {"role": "user", "content": "Sure? And 6 * 7?"},
+            {"role": "assistant", "content": answer_2},
+        ]
+        text, found, approximate = render_conversation(tokenizer, messages)
+        expected, cursor = [], 0
+        for header, turn in spans:  # each turn right after its own header, in order
+            cursor = text.index(header + turn, cursor) + len(header)
+            expected.append((cursor, cursor + len(turn)))
+        assert approximate and found == expected
+
+    def test_answer_missing_from_its_turn_is_invalid(self, caplog):
+        # Earlier answers are rewritten ("yes" -> "Yes"), so the first answer is not in its own turn; the "yes" in
+        # the prompt must not be taken for it.
+        template = EOS_AT_END.replace(
+            "message['content']", "(message['content'] if loop.last else message['content'] | replace('yes', 'Yes'))"
+        )
+        tokenizer = make_chat_tokenizer(template, ("<eos>",), eos_token="<eos>")
+        quoted = [
+            {"role": "user", "content": "Reply yes or no."},
+            {"role": "assistant", "content": "yes"},
+            {"role": "user", "content": "Sure?"},
+            {"role": "assistant", "content": "Sure."},
+        ]
+        with pytest.raises(ValueError, match="assistant turn 1 .* not in its own turn"):
+            render_conversation(tokenizer, quoted)
+        with caplog.at_level(logging.DEBUG, logger="eagle3_hf.data"):
+            dataset = build_training_dataset([{"messages": CONVERSATION[:2]}, {"messages": quoted}], tokenizer)
+        stats = DataStats.from_dataset(dataset)
+        assert (stats.kept, stats.invalid) == (1, 1)
+        assert "Skipping record 1," in caplog.text
 
     @pytest.mark.parametrize("loss, expected", [("all", None), ("assistant", ["Paris is the capital.", "42"])])
     def test_no_chat_template(self, loss, expected):
