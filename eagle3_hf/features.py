@@ -387,6 +387,37 @@ class FeatureCache:
     def __len__(self) -> int:
         return self.plan.num_samples
 
+    def check_matches(self, config, target: PreTrainedModel) -> None:
+        """Raise `ValueError` unless the cache holds the features that a head of `config` reads from `target`.
+
+        Compares the cache's `layer_ids` with `config.target_layer_ids`, its feature width `len(layer_ids) *
+        target_hidden_size` with `config.num_target_features` and, when both are known, its `target_name_or_path`
+        with `target.name_or_path`. A nameless target is not compared, nor one whose cache recorded only its class
+        name (what `plan_feature_cache` records for a nameless target).
+        """
+        plan, problems = self.plan, []
+        if list(plan.layer_ids) != list(config.target_layer_ids):
+            problems.append(
+                f"layer_ids={plan.layer_ids} but the head reads target_layer_ids={config.target_layer_ids}"
+            )
+        width = len(plan.layer_ids) * plan.target_hidden_size
+        if width != config.num_target_features:
+            problems.append(
+                f"features {width} wide (len(layer_ids) * target_hidden_size={plan.target_hidden_size}) but the "
+                f"head's fc reads num_target_features={config.num_target_features}"
+            )
+        if target.name_or_path and plan.target_name_or_path not in (target.name_or_path, type(target).__name__):
+            problems.append(
+                f"target_name_or_path={plan.target_name_or_path!r} but the target is {target.name_or_path!r} (if "
+                "these are the same weights under two names, set the target's name_or_path to the cache's)"
+            )
+        if problems:
+            raise ValueError(
+                f"The feature cache {self.cache_dir} was built for another head or target: {'; '.join(problems)}. "
+                "Build a cache for this head and target (build_feature_cache(target, dataset, cache_dir, "
+                "draft.config.target_layer_ids)) in another folder."
+            )
+
     def _shard(self, index: int):
         if index not in self._handles:
             handle = safe_open(str(self.cache_dir / self.plan.shard_name(index)), framework="pt")

@@ -9,7 +9,7 @@ eval mode without gradients. `compute_loss` keeps `Trainer`'s signature and read
    accumulates the keys of all previous steps (gradients flow through them), each with the 4-D mask of
    `losses.ttt_attention_mask`, RoPE positions `t + k` and input hidden `fc(features)` then the draft's own output;
 3. the loss `sum_k decay**k * loss_k` and per-step metrics (`loss_step_k`, `acc_step_k`, `acceptance_length`),
-   gathered with `accelerator.gather_for_metrics` and averaged in `log()` as TRL does.
+   summed per micro-batch, reduced over processes and averaged in `log()`.
 
 Checkpoints are the head alone (`Eagle3DraftModel.save_pretrained`), loadable with `Eagle3DraftModel.from_pretrained`.
 """
@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicCache
 
 from .configuration_eagle3 import Eagle3Config
 from .data import DataCollatorForEagle3
-from .features import TargetOutputs, offline_target_outputs, online_target_outputs
+from .features import CachedFeatureDataset, TargetOutputs, offline_target_outputs, online_target_outputs
 from .losses import (
     additive_attention_mask,
     chain_acceptance_lengths,
@@ -92,7 +92,8 @@ class Eagle3Trainer(Trainer):
         target_model (`PreTrainedModel`): the frozen target. Its input embedding is attached to the head.
         data_collator (*optional*): defaults to `DataCollatorForEagle3` (it also pads cached per-token features).
         train_dataset / eval_dataset: samples with `input_ids` and `loss_mask` (`loss_mask[i] = 1` iff token `i`
-            is an assistant token to learn); for `feature_mode="offline"`, a `CachedFeatureDataset`.
+            is an assistant token to learn); for `feature_mode="offline"`, a `CachedFeatureDataset`, whose cache
+            must hold the head's layer taps of this target (checked here, `FeatureCache.check_matches`).
         processing_class (*optional*): the target's tokenizer; saved with checkpoints, gives the pad id.
         **kwargs: any other `Trainer` argument (`callbacks`, `optimizers`, ...).
     """
@@ -120,6 +121,11 @@ class Eagle3Trainer(Trainer):
         args = args if args is not None else Eagle3TrainingArguments()
         if not isinstance(args, Eagle3TrainingArguments):
             raise TypeError(f"args must be Eagle3TrainingArguments; got {type(args).__name__}.")
+        eval_datasets = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+        for dataset in [train_dataset, *eval_datasets]:
+            if isinstance(dataset, CachedFeatureDataset):
+                # Features of other taps or another target have the right shapes often enough to train silently.
+                dataset.cache.check_matches(model.config, target_model)
         target_model.eval()
         target_model.requires_grad_(False)
         model.attach_target(target_model)
@@ -138,9 +144,8 @@ class Eagle3Trainer(Trainer):
         if getattr(target_model, "hf_device_map", None) is None:
             target_model.to(self.accelerator.device)
         self.target_model = target_model
-        # name -> per-sample values (averaged in `log`), and name -> [numerator, denominator] (summed, then divided).
-        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-        self._ratios = {"train": defaultdict(lambda: [0.0, 0.0]), "eval": defaultdict(lambda: [0.0, 0.0])}
+        # name -> [numerator, denominator], summed over the micro-batches of all processes and divided in `log`.
+        self._metrics = {"train": defaultdict(lambda: [0.0, 0.0]), "eval": defaultdict(lambda: [0.0, 0.0])}
 
     # ------------------------------------------------------------------------------------------------ the loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -245,22 +250,33 @@ class Eagle3Trainer(Trainer):
 
     # ------------------------------------------------------------------------------------------------- metrics
     def _record_metrics(self, mode: str, stats: dict[str, torch.Tensor]) -> None:
-        """Gather per-sample statistics over processes; `name/sum` + `name/count` pairs become ratios."""
-        names = sorted(stats)
-        table = self.accelerator.gather_for_metrics(torch.stack([stats[name] for name in names], dim=-1))
-        for name, column in zip(names, table.float().cpu().unbind(-1)):
+        """Add one micro-batch's statistics `{name: (batch,)}`, summed over processes, to the metrics of `mode`.
+
+        `name/sum` + `name/count` pairs become the ratio `name`; any other `name` is a per-sample value, averaged
+        over the samples (a `name/sum` with a count of 1 per sample).
+
+        Sums and counts are reduced, not the samples gathered with `gather_for_metrics`: Trainer fetches all
+        micro-batches of an accumulation window before running the first (`get_batch_samples`), so the dataloader
+        already reports its end during the last window and `gather_for_metrics` would cut each of its micro-batches
+        to the epoch's remainder, dropping samples. Reduced sums count every sample once in one process; under DDP,
+        the few samples that `even_batches` repeats to fill the last batch count twice, as in Trainer's `loss`.
+        """
+        columns = {}
+        for name, values in stats.items():
             if "/" in name:
-                metric, part = name.split("/")
-                self._ratios[mode][metric][0 if part == "sum" else 1] += column.sum().item()
+                columns[name] = values
             else:
-                self._metrics[mode][name].extend(column.tolist())
+                columns[f"{name}/sum"], columns[f"{name}/count"] = values, torch.ones_like(values)
+        names = sorted(columns)  # the same order on every process
+        totals = self.accelerator.reduce(torch.stack([columns[name].float().sum() for name in names]), reduction="sum")
+        for name, total in zip(names, totals.cpu().tolist()):
+            metric, part = name.split("/")
+            self._metrics[mode][metric][0 if part == "sum" else 1] += total
 
     def _pop_metrics(self, mode: str, prefix: str | None = None) -> dict[str, float]:
         """Average the recorded metrics of `mode`, clear them, and prefix their names (`eval_acc_step_0`, ...)."""
-        metrics = {name: sum(values) / len(values) for name, values in self._metrics[mode].items() if values}
-        metrics.update({name: num / den for name, (num, den) in self._ratios[mode].items() if den > 0})
+        metrics = {name: num / den for name, (num, den) in self._metrics[mode].items() if den > 0}
         self._metrics[mode].clear()
-        self._ratios[mode].clear()
         return {f"{prefix}_{name}" if prefix else name: value for name, value in metrics.items()}
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

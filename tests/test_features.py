@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -163,6 +164,42 @@ class TestOfflineTraining:
         assert metrics_online.keys() == metrics_offline.keys()
         for name, value in metrics_online.items():
             assert metrics_offline[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+    @pytest.mark.parametrize(
+        "head, target_overrides, target_name, message",
+        [
+            # other taps of the same width: training would run, on the wrong features
+            (dict(target_layer_ids=[1, 3, 6]), {}, "org/target-A", r"layer_ids=\[2, 4, 5\].*\[1, 3, 6\]"),
+            # the same taps of a wider target
+            ({}, dict(hidden_size=64), "org/target-A", r"features 96 wide.*num_target_features=192"),
+            ({}, {}, "org/target-B", "target_name_or_path='org/target-A' but the target is 'org/target-B'"),
+        ],
+        ids=["taps", "width", "target"],
+    )
+    @pytest.mark.parametrize("split", ["train_dataset", "eval_dataset"])
+    def test_a_cache_for_another_head_or_target_is_refused(
+        self, tmp_path, head, target_overrides, target_name, message, split
+    ):
+        built_from = make_tiny_target()
+        built_from.name_or_path = "org/target-A"
+        dataset = make_dataset(LENGTHS)
+        cache = build(built_from, dataset, tmp_path / "cache")
+        target = make_tiny_target(seed=1, **target_overrides)
+        target.name_or_path = target_name
+        args = make_args(tmp_path, feature_mode="offline", feature_cache_dir=str(cache.cache_dir))
+        cached = {split: CachedFeatureDataset(dataset, cache)}
+        with pytest.raises(ValueError, match=f"{re.escape(str(cache.cache_dir))}.*{message}"):
+            Eagle3Trainer(make_draft(target, **head), args, target_model=target, **cached)
+
+    def test_a_cache_of_a_nameless_target_is_not_compared_by_name(self, tmp_path):
+        dataset = make_dataset(LENGTHS)
+        cache = build(make_tiny_target(), dataset, tmp_path / "cache")  # records the class name
+        target = make_tiny_target()
+        target.name_or_path = "org/target-A"
+        args = make_args(tmp_path, feature_mode="offline", feature_cache_dir=str(cache.cache_dir))
+        Eagle3Trainer(
+            make_draft(target), args, target_model=target, train_dataset=CachedFeatureDataset(dataset, cache)
+        )
 
     def test_offline_training_runs_from_a_bfloat16_cache(self, tmp_path):
         target = make_tiny_target()

@@ -145,6 +145,24 @@ class TestTraining:
         weighted = sum(0.8**k * metrics[f"eval_loss_step_{k}"] for k in range(3))
         assert metrics["eval_loss"] == pytest.approx(weighted, rel=1e-5)
 
+    def test_metrics_count_every_sample_under_gradient_accumulation(self, tmp_path):
+        """Trainer fetches a whole accumulation window before running it; the epoch's last window must still count
+        each of its samples once (7 samples, batch 2: micro-batches of 2, 2 | 2, 1 in windows of 2)."""
+        target = make_sharp_target()
+        dataset = make_dataset(lengths=(10,) * 7)  # one length: a sample's values do not depend on its batch
+        # Learning rate 0: the head stays as it is, so the epoch's metrics can be recomputed below.
+        epoch = dict(max_steps=-1, num_train_epochs=1, logging_strategy="epoch", learning_rate=0.0)
+        args = make_args(tmp_path, gradient_accumulation_steps=2, **epoch)
+        trainer = Eagle3Trainer(make_draft(target), args, target_model=target, train_dataset=dataset)
+        trainer.train()
+        logged = next(entry for entry in trainer.state.log_history if "loss_step_0" in entry)
+        with torch.no_grad():
+            trainer.compute_loss(trainer.model, batch_of(dataset))
+        expected = trainer._pop_metrics("train")  # every sample once, in one batch
+        assert {"loss_step_2", "acc_step_2", "acceptance_length"} <= set(expected)
+        for name, value in expected.items():
+            assert logged[name] == pytest.approx(value, rel=1e-5), name
+
     def test_checkpoints_are_loadable_heads_without_target_weights(self, tmp_path):
         target = make_sharp_target()
         draft = make_draft(target)
