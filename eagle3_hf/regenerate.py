@@ -3,9 +3,10 @@
 EAGLE-3 is trained on the target's own answers (the paper regenerates ShareGPT/UltraChat responses), so the draft
 learns the distribution it will have to predict. Multi-turn conversations keep their user turns and feed the
 target's previous answers back. Output is JSONL, one conversation per line, flushed per line, so an interrupted
-run resumes where it stopped (`completed_indices`).
+run resumes where it stopped (`completed_indices`); a resumed run must use the same model and data.
 """
 
+import copy
 import itertools
 import json
 import logging
@@ -27,8 +28,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RegenerationStats:
     """Counts from `regenerate`. `skipped_done`: conversations already in the output file; `skipped_empty`: records
-    without a user turn (or whose first prompt is already `max_length` long); `invalid`: malformed records;
-    `new_tokens`: tokens generated (through the first end-of-turn token); `seconds`: time spent generating."""
+    without a user turn (or whose first prompt leaves no room for an answer within `max_length`); `invalid`:
+    malformed records; `new_tokens`: tokens generated (through the first end-of-turn token); `seconds`: time spent
+    generating."""
 
     written: int = 0
     skipped_done: int = 0
@@ -82,23 +84,49 @@ def completed_indices(path: str | os.PathLike) -> set[int]:
     off the file so that appending starts on a fresh line. A complete line that is not a JSON record with an
     `index` raises `ValueError` naming the file and line.
     """
+    return set(_completed_records(path))
+
+
+def _completed_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """`completed_indices`, each with the record's `model` and first user turn (what a resumed run must match)."""
     path = Path(path)
     if not path.is_file():
-        return set()
-    done, complete_bytes = set(), 0
+        return {}
+    done, complete_bytes = {}, 0
     with path.open("rb") as file:
         for number, line in enumerate(file, start=1):
             if not line.endswith(b"\n"):
                 logger.warning(f"{path}: ignoring the partial last line {number} left by an interrupted run.")
                 break
             try:
-                done.add(int(json.loads(line)["index"]))
+                record = json.loads(line)
+                index = int(record["index"])
             except (ValueError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{number} is not a regeneration record with an 'index': {error}") from error
+            done[index] = {"model": record.get("model"), "user": _first_user_turn(record)}
             complete_bytes += len(line)
     if complete_bytes != path.stat().st_size:
         os.truncate(path, complete_bytes)
     return done
+
+
+def _first_user_turn(record: Any) -> str | None:
+    try:
+        messages = normalize_messages(record)
+    except ValueError:
+        return None
+    return next((message["content"] for message in messages if message["role"] == "user"), None)
+
+
+def _mixed_output_error(path: str | os.PathLike, field: str, written: Any, current: Any) -> ValueError:
+    """The error for a resumed run whose model or data is not the one the output file was written with."""
+    path = Path(path)
+    candidates = (path.with_name(f"{path.stem}-{n}{path.suffix}") for n in itertools.count(2))
+    fresh = next(candidate for candidate in candidates if not candidate.exists())
+    return ValueError(
+        f"{path} holds conversations with another {field}: {written!r:.80} there, {current!r:.80} in this run. "
+        f"Resuming would mix both in one training file; write to a new --output (e.g. {fresh}) or delete {path}."
+    )
 
 
 def _eos_token_ids(model, tokenizer) -> list[int]:
@@ -112,12 +140,18 @@ def _eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def generate_replies(
-    model, tokenizer, prompts: list[list[int]], generation_config: GenerationConfig
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    generation_config: GenerationConfig,
+    max_new_tokens: list[int] | None = None,
 ) -> list[tuple[str, int, str]]:
     """Answer a batch of tokenised prompts with one left-padded `generate` call.
 
     Returns `(text, new_tokens, finish_reason)` per prompt: the reply decoded up to its first end-of-turn token
-    (excluded), the number of tokens generated through that token, and `"stop"` or `"length"`.
+    (excluded), the number of tokens generated through that token, and `"stop"` or `"length"`. `max_new_tokens`
+    caps each prompt's reply below `generation_config.max_new_tokens` (the call runs for the largest cap; a reply
+    is what generating with its own cap gives).
     """
     pad_id = generation_config.pad_token_id
     width = max(len(ids) for ids in prompts)
@@ -126,6 +160,12 @@ def generate_replies(
     for row, ids in enumerate(prompts):  # left padding: every prompt ends where generation starts
         input_ids[row, width - len(ids) :] = torch.tensor(ids)
         attention_mask[row, width - len(ids) :] = 1
+    limits = [None] * len(prompts)
+    if max_new_tokens is not None:
+        cap = generation_config.max_new_tokens
+        limits = [limit if cap is None else min(limit, cap) for limit in max_new_tokens]
+        generation_config = copy.deepcopy(generation_config)
+        generation_config.max_new_tokens = max(limits)
     with torch.inference_mode():
         output = model.generate(
             input_ids=input_ids.to(model.device),
@@ -134,7 +174,8 @@ def generate_replies(
         )
     eos = torch.tensor(generation_config.eos_token_id, device=output.device)
     replies = []
-    for row in output[:, width:]:
+    for row, limit in zip(output[:, width:], limits):
+        row = row[:limit]
         stops = torch.isin(row, eos).nonzero()
         end = int(stops[0]) if len(stops) else row.shape[0]
         text = tokenizer.decode(row[:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -209,12 +250,16 @@ def regenerate(
         source: anything `eagle3_hf.data.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
             Assistant turns in it are discarded; user turns (and a leading system message) are kept.
         output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model"}`, where
-            `index` is the record's position in the source. Conversations already in the file are skipped (resume).
+            `index` is the record's position in the source. Conversations already in the file are skipped (resume);
+            `ValueError` if the file was written by another model (`model.name_or_path`) or holds another first
+            user turn at an index of this run (other data).
         generation_config: from `make_generation_config` (greedy, 512 new tokens by default).
         offset, limit: the slice of the source to regenerate (keep a held-out slice out of training this way).
         batch_size: conversations answered per `generate` call (left padding); finished ones are replaced at once.
             Conversations are processed shortest first prompt first, so the output is not in source order.
-        max_length: a conversation ends before a turn whose prompt reaches this many tokens (training cuts there).
+        max_length: the longest conversation in tokens, counted as training counts them (the chat template's render,
+            the tokens that close the turn included): each answer is cut to the room left (finish reason
+            `"length"`), and a conversation ends before a turn that has no room left. Use train's `max_length`.
         max_turns: answer only the first `max_turns` user turns of each conversation (default: all). A batch waits
             for its longest answer, so multi-turn conversations cost one batch per turn.
         seed: seeds sampling (`transformers.set_seed`); with batching, a resumed run is not bit-identical.
@@ -226,11 +271,16 @@ def regenerate(
         raise ValueError("Regeneration needs a tokenizer with a chat template to build prompts.")
     set_seed(seed)
     generation_config = generation_config or make_generation_config(model, tokenizer)
-    done = completed_indices(output_path)
+    done = _completed_records(output_path)
+    if other_models := sorted({r["model"] for r in done.values()} - {None, model.name_or_path}):
+        raise _mixed_output_error(output_path, "'model'", other_models[0], model.name_or_path)
     stats = RegenerationStats()
     conversations = []
     for index, record in iter_records(source, offset, limit):
         if index in done:
+            if done[index]["user"] != (user := _first_user_turn(record)):
+                field = f"data source (the first user turn in 'messages' at index {index})"
+                raise _mixed_output_error(output_path, field, done[index]["user"], user)
             stats.skipped_done += 1
         elif (conversation := _start_conversation(index, record, stats, max_turns)) is not None:
             conversations.append(conversation)
@@ -262,23 +312,52 @@ def regenerate(
     return stats
 
 
+def _chat_ids(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> list[int]:
+    """`messages` rendered by the chat template and tokenised as training does (no special tokens added)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _fit_reply(tokenizer, prompt: list[dict[str, str]], text: str, max_length: int) -> str:
+    """The longest prefix of `text` with which the conversation `prompt` + answer renders to `max_length` tokens at
+    most. The generated tokens fit already; their decoded text can tokenise into more (a cut multi-byte character,
+    or tokens the tokenizer would not produce itself)."""
+
+    def fits(length: int) -> bool:
+        return len(_chat_ids(tokenizer, prompt + [{"role": "assistant", "content": text[:length]}])) <= max_length
+
+    if fits(len(text)):
+        return text
+    low, high = 0, len(text) - 1  # the longest prefix that fits has a length in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return text[:low]
+
+
 def _answer_next_turns(model, tokenizer, active, generation_config, max_length: int, stats: RegenerationStats) -> None:
-    """Generate the next assistant turn of every active conversation in one batch."""
+    """Generate the next assistant turn of every active conversation in one batch, each answer cut to the room that
+    `max_length` leaves it once the template has closed the turn."""
     ready = []
     for conversation in active:
-        text = tokenizer.apply_chat_template(conversation.next_prompt(), tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) >= max_length:
+        prompt = conversation.next_prompt()
+        ids = _chat_ids(tokenizer, prompt, add_generation_prompt=True)
+        # An empty answer renders as the prompt plus the tokens that close the turn (`<|im_end|>\n` in ChatML).
+        closed = _chat_ids(tokenizer, prompt + [{"role": "assistant", "content": ""}])
+        room = max_length - max(len(ids), len(closed))
+        if room < 1:
             conversation.done = True
         else:
-            ready.append((conversation, ids))
+            ready.append((conversation, ids, room))
     if not ready:
         return
     start = time.perf_counter()
-    replies = generate_replies(model, tokenizer, [ids for _, ids in ready], generation_config)
+    prompts, rooms = [ids for _, ids, _ in ready], [room for _, _, room in ready]
+    replies = generate_replies(model, tokenizer, prompts, generation_config, rooms)
     stats.seconds += time.perf_counter() - start
-    for (conversation, _), (text, new_tokens, finish_reason) in zip(ready, replies):
-        conversation.add_reply(text, finish_reason)
+    for (conversation, _, _), (text, new_tokens, finish_reason) in zip(ready, replies):
+        fitted = _fit_reply(tokenizer, conversation.next_prompt(), text, max_length)
+        conversation.add_reply(fitted, finish_reason if fitted == text else "length")
         stats.turns += 1
         stats.new_tokens += new_tokens
 

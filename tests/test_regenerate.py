@@ -8,6 +8,7 @@ import torch
 
 from eagle3_hf.assets import SMOLLM2_GGUF
 from eagle3_hf.commands import regenerate as regenerate_command
+from eagle3_hf.data import DataStats, build_training_dataset
 from eagle3_hf.regenerate import (
     completed_indices,
     generate_replies,
@@ -139,6 +140,22 @@ class TestRegenerate:
         assert (second.skipped_done, second.written) == (2, 1)
         assert sorted(r["index"] for r in read_jsonl(path)) == [0, 2, 4]
 
+    def test_resume_with_another_model_or_data_refuses_to_mix(self, target, tmp_path):
+        model, tokenizer = target
+        path = tmp_path / "out.jsonl"
+        config = make_generation_config(model, tokenizer, max_new_tokens=2)
+        regenerate(model, tokenizer, SOURCE, path, config, limit=3, progress=False)
+        written = path.read_text()
+        other = make_tiny_target(seed=1, vocab_size=len(tokenizer), max_position_embeddings=512)
+        other.name_or_path = "org/other-target"
+        with pytest.raises(ValueError, match=r"out.jsonl .*'model': '.*' there, 'org/other-target' .*out-2.jsonl"):
+            regenerate(other, tokenizer, SOURCE, path, config, progress=False)
+        other_data = [{"messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(5)]
+        with pytest.raises(ValueError, match=r"out.jsonl .*data source.*index 0.*France.*'Question 0\?'"):
+            regenerate(model, tokenizer, other_data, path, config, progress=False)
+        assert path.read_text() == written  # nothing appended
+        assert regenerate(model, tokenizer, SOURCE, path, config, progress=False).skipped_done == 2  # same: resumes
+
     def test_offset_limit_keep_source_indices(self, target, tmp_path):
         model, tokenizer = target
         config = make_generation_config(model, tokenizer, max_new_tokens=2)
@@ -157,10 +174,40 @@ class TestRegenerate:
             SOURCE[:1],
             tmp_path / "out.jsonl",
             config,
-            max_length=len(first_prompt) + 4,
+            max_length=len(first_prompt) + 8,  # room for a short first answer (and its <|im_end|>\n), not a turn more
             progress=False,
         )
         assert stats.turns == 1 and [r["finish_reasons"] for r in read_jsonl(tmp_path / "out.jsonl")] == [["length"]]
+
+    @pytest.mark.parametrize("room", [6, 12, 40])
+    def test_max_length_bounds_the_written_conversation(self, target, tmp_path, room):
+        """Answers are cut so that the whole conversation, as training renders and tokenises it, fits in max_length:
+        `train` with the same max_length and overflow="drop" keeps it. (This random target's answers tokenise into
+        more tokens than it generated once decoded, so bounding the generated tokens alone is not enough.)"""
+        model, tokenizer = target
+        first_prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+        )["input_ids"]
+        max_length = len(first_prompt) + room
+        config = make_generation_config(model, tokenizer, max_new_tokens=40)
+        regenerate(model, tokenizer, SOURCE[:1], tmp_path / "out.jsonl", config, max_length=max_length, progress=False)
+        (record,) = read_jsonl(tmp_path / "out.jsonl")
+        assert record["finish_reasons"][-1] == "length" and record["messages"][-1]["content"]
+        rendered = tokenizer.apply_chat_template(record["messages"], tokenize=False)
+        assert max_length - 2 <= len(tokenizer(rendered, add_special_tokens=False)["input_ids"]) <= max_length
+        dataset = build_training_dataset(tmp_path / "out.jsonl", tokenizer, max_length=max_length, overflow="drop")
+        assert DataStats.from_dataset(dataset).kept == 1
+
+    def test_per_prompt_max_new_tokens(self, target):
+        """A prompt's cap cuts its reply where generating with that cap would stop; other prompts are unaffected."""
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=6)
+        prompts = [[5, 6, 7, 8, 9], [10, 11]]
+        full = generate_replies(model, tokenizer, prompts, config)
+        capped = generate_replies(model, tokenizer, prompts, config, max_new_tokens=[2, 9])
+        alone = generate_replies(model, tokenizer, prompts[:1], make_generation_config(model, tokenizer, 2))
+        assert capped == [alone[0], full[1]] and capped[0][1:] == (2, "length")
+        assert config.max_new_tokens == 6  # the caller's config is left as it was
 
     def test_sampling_config_and_template_required(self, target, tmp_path):
         model, tokenizer = target

@@ -413,3 +413,65 @@ def test_train_command_refuses_a_multi_process_launch_without_ddp(monkeypatch):
     check_distributed_launch(SimpleNamespace(parallel_mode=ParallelMode.DISTRIBUTED))
     monkeypatch.setenv("WORLD_SIZE", "1")
     check_distributed_launch(SimpleNamespace(parallel_mode=ParallelMode.NOT_PARALLEL))
+
+
+def write_word_chats(path, count: int) -> None:
+    """`count` distinct one-turn ShareGPT conversations in the words of `make_word_tokenizer`."""
+    with open(path, "w") as file:
+        for i in range(count):
+            turns = [{"from": "human", "value": f"w{i} w{i + 1}"}, {"from": "gpt", "value": f"w{i + 2} w{i} w{i + 3}"}]
+            file.write(json.dumps({"conversations": turns}) + "\n")
+
+
+def test_train_command_holds_out_a_seeded_random_eval_split(tmp_path):
+    """Not the last rows: a regenerated file runs shortest prompt first, so those would be the longest prompts."""
+    from eagle3_hf.commands.train import DataArguments, _datasets
+    from eagle3_hf.data import build_training_dataset
+
+    tokenizer = make_word_tokenizer()
+    write_word_chats(tmp_path / "chats.jsonl", 12)
+    rows = build_training_dataset(tmp_path / "chats.jsonl", tokenizer, overflow="drop")["input_ids"]
+    data_args = DataArguments(dataset=str(tmp_path / "chats.jsonl"), eval_samples=3)
+    train, evaluation = _datasets(data_args, make_args(tmp_path, seed=0), tokenizer)
+    held_out = list(evaluation["input_ids"])
+    assert len(held_out) == 3 and held_out != rows[-3:]
+    assert sorted(list(train["input_ids"]) + held_out) == sorted(rows)
+    assert list(_datasets(data_args, make_args(tmp_path, seed=0), tokenizer)[1]["input_ids"]) == held_out
+    assert list(_datasets(data_args, make_args(tmp_path, seed=1), tokenizer)[1]["input_ids"]) != held_out
+
+
+def test_train_command_reuses_a_vocab_file_and_never_overwrites_one_built_for_other_data(tmp_path):
+    """`eagle3-hf vocab` with its defaults builds the very file `train --draft_vocab_file` reuses; a file built for
+    other data stops train with an error (naming it, what differs and the command that rebuilds it), untouched."""
+    import re
+    import shlex
+
+    from eagle3_hf.commands import vocab as vocab_command
+    from eagle3_hf.commands.train import main
+    from eagle3_hf.vocab import load_draft_vocab
+
+    target_dir, vocab, other = tmp_path / "target", tmp_path / "vocab.safetensors", tmp_path / "other.safetensors"
+    make_sharp_target().save_pretrained(target_dir)
+    make_word_tokenizer().save_pretrained(target_dir)
+    write_word_chats(tmp_path / "chats.jsonl", 6)
+    options = ["--data", str(tmp_path / "chats.jsonl"), "--tokenizer", str(target_dir), "--draft-vocab-size", "64"]
+    assert vocab_command.main([*options, "--output", str(vocab)]) == 0
+    assert vocab_command.main([*options, "--output", str(other), "--limit", "3"]) == 0
+    built = {path: path.read_bytes() for path in (vocab, other)}
+    argv = [f"--target_model_name_or_path={target_dir}", f"--dataset={tmp_path / 'chats.jsonl'}"]
+    argv += [f"--output_dir={tmp_path / 'head'}", "--draft_vocab_size=64", "--max_steps=1", "--ttt_steps=1"]
+    argv += ["--use_cpu", "--report_to=none", "--disable_tqdm=true", "--save_strategy=no"]
+
+    with pytest.raises(ValueError, match="other.safetensors was built for other data .*dataset_fingerprint") as error:
+        main([*argv, f"--draft_vocab_file={other}"])
+    with pytest.raises(ValueError, match="counted on the training split"):
+        main([*argv, f"--draft_vocab_file={other}", "--eval_samples=2"])
+    assert main([*argv, f"--draft_vocab_file={vocab}"]) == 0
+    assert {path: path.read_bytes() for path in (vocab, other)} == built  # reused, and left alone
+    assert main([*argv, f"--draft_vocab_file={tmp_path / 'new' / 'vocab.safetensors'}"]) == 0  # missing: built there
+    assert load_draft_vocab(tmp_path / "new" / "vocab.safetensors").metadata == load_draft_vocab(vocab).metadata
+
+    # The command the error gives rebuilds the file for this data.
+    command = shlex.split(re.search(r"`(eagle3-hf vocab [^`]*)`", str(error.value)).group(1))
+    assert vocab_command.main(command[2:]) == 0
+    assert load_draft_vocab(other).metadata == load_draft_vocab(vocab).metadata

@@ -10,7 +10,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3-hf regenerate",
         description="Regenerate the assistant turns of chat data with the target model. Output is JSONL, one "
-        "conversation per line; rerunning with the same --output resumes after the conversations already written.",
+        "conversation per line; rerunning with the same --output (and the same --model and --data) resumes after the "
+        "conversations already written.",
     )
     parser.add_argument("--output", required=True, help="JSONL file to write (appended to when resuming).")
     parser.add_argument("--model", default="smollm2", help="Model path or Hub id; 'smollm2' is the offline target.")
@@ -19,7 +20,13 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="Number of source records to use (default: all).")
     parser.add_argument("--batch-size", type=int, default=8, help="Conversations per generate call.")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="Longest answer per turn.")
-    parser.add_argument("--max-length", type=int, default=2048, help="Stop a conversation once a prompt is this long.")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=2048,
+        help="Longest conversation in tokens, as train counts them (use train's --max_length): each answer is cut "
+        "to fit, and a conversation ends when no room is left.",
+    )
     parser.add_argument(
         "--max-turns", type=int, default=None, help="Answer only the first N user turns of each conversation."
     )

@@ -8,6 +8,7 @@ Every `Eagle3TrainingArguments` / `TrainingArguments` option is a flag; multi-GP
 
 import logging
 import os
+import shlex
 from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
@@ -48,7 +49,9 @@ class DataArguments:
     )
     dataset_offset: int = field(default=0, metadata={"help": "First record of the data file to use."})
     dataset_limit: int | None = field(default=None, metadata={"help": "Number of records to use (default: all)."})
-    eval_samples: int = field(default=0, metadata={"help": "Hold out the last N tokenized samples for evaluation."})
+    eval_samples: int = field(
+        default=0, metadata={"help": "Hold out N tokenized samples, chosen at random with --seed, for evaluation."}
+    )
     overflow: str = field(
         default="drop",
         metadata={
@@ -61,7 +64,9 @@ class DataArguments:
     draft_vocab_file: str | None = field(
         default=None,
         metadata={
-            "help": "Draft vocabulary cache of a fresh head (default: <output_dir>/draft_vocab.safetensors). With "
+            "help": "Draft vocabulary of a fresh head: built there if missing, reused if it was built from this "
+            "data (`eagle3-hf vocab` with the same data options), an error otherwise; it is never overwritten "
+            "(default: <output_dir>/draft_vocab.safetensors, a cache rebuilt when stale). With "
             "--draft_model_name_or_path, an existing file (from `eagle3-hf vocab`) that replaces the head's "
             "vocabulary: kept tokens keep their lm_head rows, new ones start from the target's."
         },
@@ -91,8 +96,43 @@ def _datasets(data_args: DataArguments, args: Eagle3TrainingArguments, tokenizer
         return dataset, None
     if data_args.eval_samples >= len(dataset):
         raise ValueError(f"eval_samples={data_args.eval_samples} leaves no training sample out of {len(dataset)}.")
-    split = len(dataset) - data_args.eval_samples
-    return dataset.select(range(split)), dataset.select(range(split, len(dataset)))
+    # A seeded random subset: the last rows are no held-out slice (regenerated files run shortest prompt first).
+    split = dataset.train_test_split(test_size=data_args.eval_samples, shuffle=True, seed=args.seed)
+    return split["train"], split["test"]
+
+
+def _check_draft_vocab_file(
+    path: str, train, vocab_size: int, draft_vocab_size: int, data_args: DataArguments, args: Eagle3TrainingArguments
+) -> None:
+    """Refuse an existing user `--draft_vocab_file` built for other data or sizes instead of overwriting it."""
+    from eagle3_hf.vocab import _cache_key, load_draft_vocab
+
+    if not os.path.isfile(path):
+        return  # built there
+    stored = load_draft_vocab(path).metadata
+    key = _cache_key(train, vocab_size, draft_vocab_size, args.target_model_name_or_path)
+    differences = [
+        f"{name} {stored.get(name)!r} in the file, {value!r} here"
+        for name, value in key.items()
+        if stored.get(name) != value
+    ]
+    if not differences:
+        return
+    if data_args.eval_samples:
+        fix = "With --eval_samples the vocabulary is counted on the training split, which `eagle3-hf vocab` "
+        fix += "cannot reproduce: delete the file to have train build it there, or pass a path that does not exist."
+    else:
+        command = ["eagle3-hf", "vocab", "--output", path, "--tokenizer", args.target_model_name_or_path]
+        command += ["--data", data_args.dataset, "--vocab-size", str(vocab_size)]
+        command += ["--draft-vocab-size", str(draft_vocab_size), "--max-length", str(args.max_length)]
+        command += ["--overflow", data_args.overflow, "--offset", str(data_args.dataset_offset)]
+        command += ["--limit", str(data_args.dataset_limit)] if data_args.dataset_limit is not None else []
+        command += ["--system-prompt", data_args.system_prompt] if data_args.system_prompt is not None else []
+        fix = f"Rebuild it for this run with `{shlex.join(command)}`, delete it, or pass another path."
+    raise ValueError(
+        f"--draft_vocab_file {path} was built for other data or sizes ({'; '.join(differences)}); train does not "
+        f"overwrite it. {fix}"
+    )
 
 
 def _draft_head(model_args: ModelArguments, data_args: DataArguments, args: Eagle3TrainingArguments, target, train):
@@ -121,6 +161,8 @@ def _draft_head(model_args: ModelArguments, data_args: DataArguments, args: Eagl
         draft = Eagle3DraftModel.from_target(target, draft_vocab_size=draft_vocab_size, **overrides)
         if draft_vocab_size < text_config.vocab_size:
             path = data_args.draft_vocab_file or os.path.join(args.output_dir, "draft_vocab.safetensors")
+            if data_args.draft_vocab_file:
+                _check_draft_vocab_file(path, train, text_config.vocab_size, draft_vocab_size, data_args, args)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with args.main_process_first(desc="choosing the draft vocabulary"):
                 vocab = load_or_build_draft_vocab(

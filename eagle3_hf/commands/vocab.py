@@ -22,7 +22,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="Target vocabulary size V (default: from the model config, else the tokenizer length).",
     )
     parser.add_argument("--max-length", type=int, default=2048, help="Longest training sample in tokens.")
-    parser.add_argument("--overflow", default="truncate", choices=["truncate", "drop"], help="Longer samples.")
+    parser.add_argument(
+        "--overflow",
+        default="drop",
+        choices=["drop", "truncate"],
+        help="Longer samples: dropped or truncated. The default is train's, so train reuses the file.",
+    )
     parser.add_argument("--offset", type=int, default=0, help="First source record to use.")
     parser.add_argument("--limit", type=int, default=None, help="Number of source records to use (default: all).")
     parser.add_argument("--system-prompt", default=None, help="System message for conversations without one.")
@@ -31,13 +36,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _target_vocab_size(name: str, tokenizer) -> int:
-    """The target config's vocab_size (its embedding may be larger than the tokenizer), else len(tokenizer)."""
+    """The target's text vocab_size (its embedding may be larger than the tokenizer; composite configs such as
+    multimodal ones keep it in their text config), else len(tokenizer)."""
     from transformers import AutoConfig
 
     if name != "smollm2":  # the offline SmolLM2 config sits in a 100 MB GGUF file; its vocab is the tokenizer's
         try:
-            return AutoConfig.from_pretrained(name).vocab_size
-        except (OSError, ValueError) as error:
+            return AutoConfig.from_pretrained(name).get_text_config().vocab_size
+        except (OSError, ValueError, AttributeError) as error:
             logging.getLogger(__name__).warning(f"No model config for {name} ({error}); using len(tokenizer).")
     return len(tokenizer)
 
