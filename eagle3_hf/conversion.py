@@ -32,9 +32,11 @@ import torch
 import transformers
 from accelerate import init_empty_weights
 from huggingface_hub import snapshot_download
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_eagle3 import Eagle3Config, default_target_layer_ids
 from .vocab import check_vocab_maps, t2d_from_d2t
@@ -57,6 +59,9 @@ _LAYER_KEY = re.compile(r"^layers\.\d+\.")
 _VARIANT_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # ModelOpt eagle_config switches -> the only value this head implements.
 _MODELOPT_SWITCHES = {"use_aux_hidden_state": True, "use_last_layernorm": True, "use_mtp_layernorm": False}
+# RoPE types whose frequencies read `original_max_position_embeddings` (transformers fills it from
+# `max_position_embeddings` when absent, so it is pinned from the checkpoint's value before that can change).
+_ORIGINAL_CONTEXT_ROPE = ("llama3", "yarn", "longrope")
 _LLAMA_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings",
@@ -103,18 +108,34 @@ def read_config_dict(folder: Path) -> dict:
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The weight files, by preference: `model.safetensors`, a sharded safetensors index, `pytorch_model.bin`."""
+    """The weight files, by preference: `model.safetensors`, a sharded safetensors index, `pytorch_model.bin`.
+
+    A folder that also holds `pytorch_model.bin` logs a warning: the official EAGLE loader reads that one instead.
+    """
+    pickled = folder / "pytorch_model.bin"
+    index = folder / "model.safetensors.index.json"
+    for chosen in (folder / "model.safetensors", index):
+        if chosen.is_file() and pickled.is_file():
+            logger.warning(
+                "%s holds both %s and %s; reading %s (the official EAGLE loader reads %s: make sure both hold the "
+                "same head, or delete one).",
+                folder,
+                pickled.name,
+                chosen.name,
+                chosen.name,
+                pickled.name,
+            )
+            break
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
-    index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as error:
             raise CheckpointFormatError(f"{index}: no readable weight_map ({error!r}).") from error
         return [folder / shard for shard in shards]
-    if (folder / "pytorch_model.bin").is_file():
-        return [folder / "pytorch_model.bin"]
+    if pickled.is_file():
+        return [pickled]
     raise CheckpointFormatError(
         f"{folder}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)."
     )
@@ -221,13 +242,24 @@ def detect_checkpoint_dialect(path_or_repo_id: str | os.PathLike, **hub_kwargs) 
 
 
 # ------------------------------------------------------------------------------------------------------- config
-def config_from_dialect(raw: dict, dialect: str, source: str = "config.json", **overrides) -> Eagle3Config:
-    """An `Eagle3Config` from a foreign `config.json` dict.
+def config_from_dialect(
+    raw: dict,
+    dialect: str,
+    source: str = "config.json",
+    target_max_position_embeddings: int | None = None,
+    **overrides,
+) -> Eagle3Config:
+    """An `Eagle3Config` from a foreign `config.json` dict; a bad field raises `CheckpointFormatError` naming it.
 
     RoPE base: `rope_theta` (or `rope_parameters.rope_theta`) when given, else 10000, never the target's. Layer
     ids: `overrides["target_layer_ids"]`, else those the config records (see the module docstring), else
     `[2, L//2, L-3]` from `target_num_hidden_layers` (override, recorded field, or the verifier's config when its
     name is known and resolvable); `CheckpointFormatError` when none of these is available.
+    `max_position_embeddings`: the file's, replaced by `target_max_position_embeddings` (the target's context; the
+    official 2048 is a placeholder) only for default, linear, proportional and Llama-3 RoPE, whose frequencies do
+    not depend on it (`rope_reads_max_position_embeddings`); Llama-3 / YaRN / LongRoPE get
+    `original_max_position_embeddings` pinned from the file's value. An explicit
+    `overrides["max_position_embeddings"]` is applied as given.
     """
     layer = raw.get("transformer_layer_config") if dialect == "speculators" else raw
     where = "transformer_layer_config." if dialect == "speculators" else ""
@@ -237,17 +269,27 @@ def config_from_dialect(raw: dict, dialect: str, source: str = "config.json", **
     for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         if layer.get(key) is None:
             raise CheckpointFormatError(f"{source}: missing required field {where}{key}.")
+        _check_count(layer[key], where + key, source)
     if layer.get("tie_word_embeddings"):
         raise CheckpointFormatError(f"{source}: tie_word_embeddings=true; the draft lm_head must be its own.")
     fields_ = {key: layer[key] for key in _LLAMA_KEYS if layer.get(key) is not None}
     fields_.setdefault("num_hidden_layers", 1)
     if dialect == "eagle":  # the official code derives head_dim = H / nH and ignores the key
         fields_["head_dim"] = layer["hidden_size"] // layer["num_attention_heads"]
-    fields_["rope_parameters"] = _rope_parameters(layer)
+    rope = fields_["rope_parameters"] = _rope_parameters(layer, where, source)
+    if target_max_position_embeddings is not None:
+        # YaRN / LongRoPE keep theirs too: it is the scaled context transformers checks against their factor.
+        if rope["rope_type"] in ("yarn", "longrope") or rope_reads_max_position_embeddings(rope):
+            logger.info(
+                "%s: keeping %smax_position_embeddings=%s, not the target's %s, for its %r RoPE.", source, where,
+                fields_.get("max_position_embeddings"), target_max_position_embeddings, rope["rope_type"],
+            )  # fmt: skip
+        else:
+            fields_["max_position_embeddings"] = target_max_position_embeddings
     fields_["draft_vocab_size"] = raw.get("draft_vocab_size") or layer["vocab_size"]
     fields_["target_hidden_size"] = raw.get("target_hidden_size") or layer["hidden_size"]
     fields_["tie_word_embeddings"] = False
-    name = overrides.pop("target_model_name_or_path", None) or _verifier_name(raw)
+    name = overrides.pop("target_model_name_or_path", None) or _verifier_name(raw, source)
     fields_["target_model_name_or_path"] = name
     ids = overrides.pop("target_layer_ids", None) or _recorded_layer_ids(raw, dialect, source)
     num_layers = overrides.pop("target_num_hidden_layers", None) or raw.get("target_num_hidden_layers")
@@ -260,22 +302,76 @@ def config_from_dialect(raw: dict, dialect: str, source: str = "config.json", **
                 "model>, target_num_hidden_layers=L or target_layer_ids=[...] (CLI: --target, "
                 "--target-num-hidden-layers, --target-layer-ids)."
             )
-        ids = default_target_layer_ids(num_layers)
-    fields_.update(target_layer_ids=list(ids), target_num_hidden_layers=num_layers, **overrides)
+        _check_count(num_layers, "target_num_hidden_layers", source)
     try:
+        ids = list(ids) if ids is not None else default_target_layer_ids(num_layers)
+        fields_.update(target_layer_ids=ids, target_num_hidden_layers=num_layers, **overrides)
         return Eagle3Config(**fields_)
-    except (ValueError, TypeError) as error:
-        raise CheckpointFormatError(f"{source}: {error}") from error
+    except (ValueError, TypeError, KeyError, StrictDataclassError) as error:  # strict field types, RoPE keys
+        raise CheckpointFormatError(f"{source}: {_one_line(error)}") from error
 
 
-def _rope_parameters(layer: dict) -> dict:
-    """transformers-5 `rope_parameters` from `rope_theta` / `rope_scaling` / `rope_parameters` (base 10000 default)."""
-    params = dict(layer.get("rope_parameters") or {})
-    scaling = dict(layer.get("rope_scaling") or {})
+def rope_reads_max_position_embeddings(rope_parameters: dict | None) -> bool:
+    """Whether transformers computes this RoPE's frequencies from `max_position_embeddings` itself.
+
+    Dynamic NTK rescales beyond it; Llama-3, YaRN and LongRoPE read it only where `original_max_position_embeddings`
+    (filled from it when absent) or `factor` is missing; default, linear and proportional never do. Unknown types
+    count as reading it. For such a head the value is part of what the weights mean: the official 2048 placeholder
+    must then be kept, not replaced by the target's context.
+    """
+    rope = rope_parameters or {}
+    rope_type = rope.get("rope_type", "default")
+    if rope_type in ("default", "linear", "proportional"):
+        return False
+    if rope_type in _ORIGINAL_CONTEXT_ROPE:
+        return rope.get("original_max_position_embeddings") is None or rope.get("factor") is None
+    return True
+
+
+def _rope_parameters(layer: dict, where: str, source: str) -> dict:
+    """transformers-5 `rope_parameters` from `rope_theta` / `rope_scaling` / `rope_parameters` (base 10000 default),
+    with `original_max_position_embeddings` pinned from the file's `max_position_embeddings` where it is read."""
+    key = "rope_scaling" if layer.get("rope_scaling") else "rope_parameters"
+    params = _object_field(layer, "rope_parameters", source, where)
+    scaling = _object_field(layer, "rope_scaling", source, where)
     rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or params.get("rope_type") or "default"
     scaling.pop("type", None)
+    if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+        raise CheckpointFormatError(
+            f"{source}: {where}{key} has rope_type={rope_type!r}, which transformers does not implement (known: "
+            f"default, {', '.join(ROPE_INIT_FUNCTIONS)})."
+        )
     theta = layer.get("rope_theta") or params.get("rope_theta") or 10000.0
-    return {**params, **scaling, "rope_type": rope_type, "rope_theta": float(theta)}
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+        raise CheckpointFormatError(f"{source}: {where}rope_theta={theta!r} is not a number.")
+    rope = {**params, **scaling, "rope_type": rope_type, "rope_theta": float(theta)}
+    if rope_type in _ORIGINAL_CONTEXT_ROPE and rope.get("original_max_position_embeddings") is None:
+        context = layer.get("max_position_embeddings") or Eagle3Config.max_position_embeddings
+        rope["original_max_position_embeddings"] = context
+    return rope
+
+
+def _object_field(mapping: dict, key: str, source: str, where: str = "") -> dict:
+    """A copy of the JSON object `mapping[key]`, `{}` when absent or null; anything else raises naming the field."""
+    value = mapping.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CheckpointFormatError(
+            f"{source}: {where}{key} must be a JSON object or null, not {type(value).__name__} {value!r}."
+        )
+    return dict(value)
+
+
+def _check_count(value, field: str, source: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointFormatError(f"{source}: {field}={value!r} is not a positive integer.")
+
+
+def _one_line(error: Exception) -> str:
+    """An exception's message on one line (a `KeyError`'s without the quotes `str` adds)."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return " ".join(str(message).split())
 
 
 def _check_variant_switches(raw: dict, layer: dict, dialect: str, source: str) -> None:
@@ -290,22 +386,30 @@ def _check_variant_switches(raw: dict, layer: dict, dialect: str, source: str) -
             "supported (Qwen3 layers carry extra q/k norms)."
         )
     if dialect == "modelopt":
-        eagle_config = raw.get("eagle_config") or {}
+        eagle_config = _object_field(raw, "eagle_config", source)
         for key, supported in _MODELOPT_SWITCHES.items():
             if eagle_config.get(key, supported) != supported:
                 raise CheckpointFormatError(f"{source}: eagle_config.{key}={eagle_config[key]!r} is not supported.")
-        if (eagle_config.get("parallel_draft_step") or 1) > 1:
-            raise CheckpointFormatError(f"{source}: eagle_config.parallel_draft_step > 1 is not supported.")
+        if (eagle_config.get("parallel_draft_step") or 1) != 1:
+            raise CheckpointFormatError(
+                f"{source}: eagle_config.parallel_draft_step={eagle_config['parallel_draft_step']!r} is not "
+                "supported (only 1)."
+            )
 
 
 def _recorded_layer_ids(raw: dict, dialect: str, source: str) -> list[int] | None:
     """Layer ids in the EAGLE convention from `eagle_aux_hidden_state_layer_ids` (top level, as vLLM reads it) or
     `eagle_config.eagle_aux_hidden_state_layer_ids` (0-based layer outputs, as SGLang/SpecForge/ModelOpt write it)."""
     top = raw.get("eagle_aux_hidden_state_layer_ids")
-    nested = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    nested = _object_field(raw, "eagle_config", source).get("eagle_aux_hidden_state_layer_ids")
+    for key, ids in (("", top), ("eagle_config.", nested)):
+        if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+            raise CheckpointFormatError(
+                f"{source}: {key}eagle_aux_hidden_state_layer_ids={ids!r} is not a list of layer ids (integers)."
+            )
     if dialect == "speculators" or not nested:
         return list(top) if top else None
-    shifted = [int(i) + 1 for i in nested]
+    shifted = [i + 1 for i in nested]
     if top and list(top) != shifted:
         raise CheckpointFormatError(
             f"{source}: eagle_aux_hidden_state_layer_ids={list(top)} (layer inputs) and eagle_config."
@@ -315,9 +419,13 @@ def _recorded_layer_ids(raw: dict, dialect: str, source: str) -> list[int] | Non
     return shifted
 
 
-def _verifier_name(raw: dict) -> str | None:
-    verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
-    return verifier.get("name_or_path") or raw.get("target_model_name_or_path")
+def _verifier_name(raw: dict, source: str) -> str | None:
+    speculators_config = _object_field(raw, "speculators_config", source)
+    verifier = _object_field(speculators_config, "verifier", source, "speculators_config.")
+    name = verifier.get("name_or_path") or raw.get("target_model_name_or_path")
+    if name is not None and not isinstance(name, str):
+        raise CheckpointFormatError(f"{source}: the verifier name {name!r} is not a string.")
+    return name
 
 
 def _layer_count_of(name: str | None) -> int | None:
@@ -391,6 +499,8 @@ def _vocab_maps(d2t, t2d, config: Eagle3Config, source: str) -> tuple[torch.Tens
         d2t, t2d = torch.zeros(draft, dtype=torch.long), torch.ones(full, dtype=torch.bool)
     elif d2t is None:  # sorted draft vocab: draft id i is the i-th marked target id
         d2t = t2d.nonzero().flatten() - torch.arange(draft)
+    if d2t.is_floating_point() and not bool((d2t == d2t.round()).all()):
+        raise CheckpointFormatError(f"{source}: d2t ({d2t.dtype}) holds non-integer offsets; expected int64.")
     d2t = d2t.to(torch.long)
     target_ids = torch.arange(draft) + d2t
     if draft > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):  # checked first: t2d is rebuilt from it
@@ -459,7 +569,10 @@ def from_pretrained_any_dialect(
 def _load_native(stock_from_pretrained: Callable, path, target, model_args: tuple, kwargs: dict):
     """The stock loader, made strict: any missing, unexpected or mismatched tensor raises."""
     want_info = kwargs.pop("output_loading_info", False)
-    model, info = stock_from_pretrained(path, *model_args, output_loading_info=True, **kwargs)
+    try:
+        model, info = stock_from_pretrained(path, *model_args, output_loading_info=True, **kwargs)
+    except (KeyError, StrictDataclassError) as error:  # a config.json field of the wrong type, RoPE keys missing
+        raise CheckpointFormatError(f"{path}: invalid config.json ({_one_line(error)}).") from error
     problems = {key: sorted(value) for key, value in info.items() if value}
     if problems:
         raise CheckpointFormatError(f"{path}: the weights do not match the config: {problems}.")
@@ -486,14 +599,16 @@ def _load_converted(
         raise ValueError("ignore_mismatched_sizes=True is not supported: a head with resized tensors is not the head.")
     if unknown := sorted(kwargs.keys() - _CONFIG_FIELDS):
         raise TypeError(f"Unexpected keyword arguments for Eagle3DraftModel.from_pretrained: {unknown}.")
+    context = None
     if target is not None:
         text = target.config.get_text_config()
         kwargs.setdefault("target_num_hidden_layers", text.num_hidden_layers)
-        if not _verifier_name(raw):  # a recorded verifier id (often a Hub id) beats the target's local path
+        if not _verifier_name(raw, config_source):  # a recorded verifier id (often a Hub id) beats a local path
             kwargs.setdefault("target_model_name_or_path", target.name_or_path or None)
-        # The official drafts carry the 2048 placeholder; the target's context is the one the head serves.
-        kwargs.setdefault("max_position_embeddings", text.max_position_embeddings)
-    config = config_from_dialect(raw, dialect, source=config_source, **kwargs)
+        # The official drafts carry the 2048 placeholder; the target's context is the one the head serves (unless
+        # the head's RoPE reads the value: config_from_dialect keeps it then).
+        context = text.max_position_embeddings
+    config = config_from_dialect(raw, dialect, config_source, context, **kwargs)
     state, embedding = _native_tensors(tensors, config, source, target)
     model = _build_and_load(cls, config, state, dialect, dtype, attn_implementation, source)
     if embedding is not None:  # shipped by speculators (and SpecForge --to hf): part of this head, frozen
@@ -548,7 +663,9 @@ def save_in_dialect(
         dialect (`str`): `"eagle3_hf"` (`save_pretrained`), `"eagle"` (official SafeAILab), `"sglang"` (SGLang /
             SpecForge; vLLM reads it too: the usual choice for serving) or `"speculators"` (vLLM speculators).
         overwrite (`bool`): replace an existing non-empty folder (only once the new one is complete).
-        max_position_embeddings (`int`, *optional*): value written for the engines (default: the config's).
+        max_position_embeddings (`int`, *optional*): value written for the engines (default: the config's);
+            refused (`ValueError`) for a head whose RoPE reads it (`rope_reads_max_position_embeddings`: dynamic
+            NTK), where another value would change the outputs.
         speculative_tokens (`int`, defaults to 3): `speculators_config.proposal_methods[0].speculative_tokens`.
         verifier_architectures (`list[str]`, *optional*): `speculators_config.verifier.architectures`.
     """
@@ -558,8 +675,8 @@ def save_in_dialect(
         options = (max_position_embeddings, speculative_tokens, verifier_architectures)
         tensors, config_dict = _export_payload(model, dialect, *options)
     with _atomic_directory(Path(save_directory), overwrite) as staging:
-        if dialect == "eagle3_hf":
-            model.save_pretrained(staging)
+        if dialect == "eagle3_hf":  # the card's snippets name the destination, not the staging folder
+            model.save_pretrained(staging, model_card_kwargs={"repo_id": str(save_directory)})
         else:
             save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
             (staging / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
@@ -600,6 +717,14 @@ def _export_payload(model, dialect, max_position_embeddings, speculative_tokens,
             f"num_attention_heads and knows only linear/dynamic RoPE scaling; this head has target_layer_ids={ids}, "
             f"head_dim={config.head_dim}, rope_type={rope_type!r}. Write 'sglang' instead."
         )
+    if dialect == "eagle":  # it reads no ids; with L unknown, ids[-1] + 3 is the only L that could fit
+        layers = config.target_num_hidden_layers or ids[-1] + 3
+        if ids != default_target_layer_ids(layers):
+            raise ValueError(
+                f"The official EAGLE code reads no layer ids and always taps [2, L//2, L-3]; this head has "
+                f"target_layer_ids={ids}, not the defaults for L={layers} ({default_target_layer_ids(layers)}). "
+                "Write 'sglang' instead."
+            )
     state = {
         ("midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k): t for k, t in state.items()
     }
@@ -621,12 +746,22 @@ def _llama_config_dict(config: Eagle3Config, max_position_embeddings: int | None
     rope = dict(config.rope_parameters or {})
     theta, rope_type = rope.pop("rope_theta", 10000.0), rope.pop("rope_type", "default")
     fields_ = {key: getattr(config, key) for key in _LLAMA_KEYS}
-    if max_position_embeddings is not None:
+    reads = rope_reads_max_position_embeddings(config.rope_parameters)
+    if max_position_embeddings not in (None, config.max_position_embeddings):
+        if reads:
+            raise ValueError(
+                f"max_position_embeddings={max_position_embeddings}: this head's {rope_type!r} RoPE computes its "
+                f"frequencies from its max_position_embeddings={config.max_position_embeddings}, so another value "
+                "would change its outputs; leave max_position_embeddings unset."
+            )
         fields_["max_position_embeddings"] = max_position_embeddings
     if fields_["max_position_embeddings"] == 2048:
+        advice = (
+            f"it is kept: the {rope_type!r} RoPE reads it" if reads else "pass max_position_embeddings=<the target's>"
+        )
         logger.warning(
-            "Writing max_position_embeddings=2048 (the official placeholder), which crashes vLLM (vllm#48894); "
-            "pass max_position_embeddings=<the target's>."
+            "Writing max_position_embeddings=2048 (the official placeholder), which crashes vLLM (vllm#48894); %s.",
+            advice,
         )
     return {
         **fields_,
@@ -651,6 +786,7 @@ def _speculators_config_dict(config, llama: dict, speculative_tokens: int, verif
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(config.target_layer_ids),
+        "target_num_hidden_layers": config.target_num_hidden_layers,  # ours: official-style taps need L
         **dict.fromkeys(_VARIANT_SWITCHES, False),
         "embed_requires_grad": False,
         "speculators_config": {
@@ -716,6 +852,7 @@ __all__ = [
     "load_checkpoint_tensors",
     "read_config_dict",
     "resolve_checkpoint_folder",
+    "rope_reads_max_position_embeddings",
     "save_in_dialect",
     "weight_files",
 ]

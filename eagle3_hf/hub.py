@@ -59,31 +59,42 @@ def prepare_upload_folder(
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise FileExistsError(f"folder={str(folder)!r} must be a new or empty directory: it becomes the upload.")
-    model, source_card = _load_head(model_or_folder, target)
+    model, source_card = _write_checkpoint(model_or_folder, folder, format, target)
+    card_kwargs = dict(training=training, results=results, dataset_names=dataset_names, license=license, tags=tags)
+    _write_card(folder, model, source_card, format, repo_id=repo_id, base_card=base_card, **card_kwargs)
+    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
 
+
+def _write_checkpoint(model_or_folder: Any, folder: Path, format: str, target: Any) -> tuple[Any, Path | None]:
+    """Export the head into `folder` (refusals raise before anything is written); returns it and its source card."""
     from .conversion import save_in_dialect
 
+    model, source_card = _load_head(model_or_folder, target)
     save_in_dialect(model, folder, format)
+    return model, source_card
+
+
+def _write_card(
+    folder: Path,
+    model: Any,
+    source_card: Path | None,
+    format: str,
+    *,
+    repo_id: str | None,
+    base_card: str | os.PathLike | None,
+    license: str | None = None,
+    **card_kwargs,
+) -> None:
+    """`folder/README.md`: the source card (if any) updated for `model`, then merged into `base_card` (if any)."""
     readme = folder / "README.md"
     if source_card is not None:
         shutil.copyfile(source_card, readme)  # replaces any card the save wrote: the source card has the history
-    card = create_or_update_model_card(
-        folder,
-        model,
-        training=training,
-        results=results,
-        dataset_names=dataset_names,
-        license=license,
-        format=format,
-        repo_id=repo_id,
-        tags=tags,
-    )
+    card = create_or_update_model_card(folder, model, license=license, format=format, repo_id=repo_id, **card_kwargs)
     if base_card is not None:
         base = ModelCard.load(base_card)
         if license is None and base.data.license:  # the base card's license stands unless one is passed
             card.data.license = None
         merge_model_cards(base, card, format=format).save(readme)
-    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file())
 
 
 def push_to_hub(
@@ -101,8 +112,9 @@ def push_to_hub(
 ) -> CommitInfo:
     """Upload a head (or a checkpoint folder) to `repo_id` in `format`, with an up-to-date model card.
 
-    Creates the repository if needed (`private` applies only then), merges the card already on the Hub, writes
-    the upload with `prepare_upload_folder` and commits it with `HfApi.upload_folder`, deleting weight files of a
+    Writes the checkpoint first (a head the format refuses creates no repository or branch), then creates the
+    repository if needed (`private` applies only then), merges the card already on the Hub into the new one (as
+    `prepare_upload_folder` does) and commits the folder with `HfApi.upload_folder`, deleting weight files of a
     previous push in another format (`STALE_FILE_PATTERNS`). `card_kwargs` are `target` (see
     `prepare_upload_folder`), `training`, `results`, `dataset_names`, `license` and `tags` (see
     `create_or_update_model_card`). Returns the `CommitInfo`.
@@ -113,13 +125,14 @@ def push_to_hub(
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {FORMATS}.")
     api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
-    if revision is not None and not revision.startswith("refs/pr"):
-        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
     with tempfile.TemporaryDirectory(prefix="eagle3_hf-push-") as tmp:
-        remote_card = _download_card(api, repo_id, revision, Path(tmp) / "remote")
         upload = Path(tmp) / "upload"
-        prepare_upload_folder(model_or_folder, upload, format, repo_id=repo_id, base_card=remote_card, **card_kwargs)
+        model, source_card = _write_checkpoint(model_or_folder, upload, format, card_kwargs.pop("target", None))
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+        if revision is not None and not revision.startswith("refs/pr"):
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        remote_card = _download_card(api, repo_id, revision, Path(tmp) / "remote")
+        _write_card(upload, model, source_card, format, repo_id=repo_id, base_card=remote_card, **card_kwargs)
         return api.upload_folder(
             repo_id=repo_id,
             folder_path=upload,

@@ -468,18 +468,27 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         stock = super().from_pretrained
         return from_pretrained_any_dialect(cls, stock, pretrained_model_name_or_path, *model_args, **kwargs)
 
-    def save_pretrained(self, save_directory, is_main_process: bool = True, push_to_hub: bool = False, **kwargs):
+    def save_pretrained(
+        self,
+        save_directory,
+        is_main_process: bool = True,
+        push_to_hub: bool = False,
+        model_card_kwargs: dict | None = None,
+        **kwargs,
+    ):
         """Save in the native format (safetensors + config) and write/update the model card `README.md`.
 
-        Use `draft.push_to_hub(repo_id)` to upload (it writes our card and can export a serving dialect);
-        `push_to_hub=True` here would upload before the card is written, so it is refused.
+        `model_card_kwargs` go to `eagle3_hf.model_card.create_or_update_model_card` (e.g. `repo_id`, the id or path
+        the card's snippets load the head from; default: `save_directory`). Use `draft.push_to_hub(repo_id)` to
+        upload (it writes our card and can export a serving dialect); `push_to_hub=True` here would upload before
+        the card is written, so it is refused.
         """
         if push_to_hub:
             raise ValueError("save_pretrained(push_to_hub=True) is not supported: use draft.push_to_hub(repo_id).")
         super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
         from .model_card import write_model_card
 
-        write_model_card(save_directory, self, is_main_process=is_main_process)
+        write_model_card(save_directory, self, is_main_process=is_main_process, **(model_card_kwargs or {}))
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload the head with its model card (`eagle3_hf.hub.push_to_hub`; `format="sglang"` by default)."""

@@ -11,6 +11,7 @@ and caching it in a safetensors file keyed by the data, tokenizer and sizes foll
 import json
 import logging
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ import torch
 logger = logging.getLogger(__name__)
 # Header entry of a draft-vocabulary safetensors file that holds its JSON metadata.
 _METADATA_KEY = "eagle3_draft_vocab"
+
+
+class _UnreadableVocabFile(ValueError):
+    """A draft-vocabulary file that cannot be read back (cut short, not safetensors, maps that disagree)."""
 
 
 def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -170,24 +175,46 @@ def _cache_key(dataset, vocab_size: int, draft_vocab_size: int, tokenizer: str |
 
 
 def save_draft_vocab(vocab: DraftVocab, path: str | os.PathLike) -> None:
-    """Write `d2t`, `t2d`, `counts` to a safetensors file, with `metadata` as JSON in its header."""
+    """Write `d2t`, `t2d`, `counts` to a safetensors file, with `metadata` as JSON in its header.
+
+    The file is written next to `path` under a hidden name and renamed over it, so an interrupted write leaves
+    the previous file (or none), never a truncated one.
+    """
     from safetensors.torch import save_file
 
+    path = Path(path)
     tensors = {"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous(), "counts": vocab.counts.contiguous()}
-    save_file(tensors, str(path), metadata={_METADATA_KEY: json.dumps(vocab.metadata)})
+    partial = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        save_file(tensors, str(partial), metadata={_METADATA_KEY: json.dumps(vocab.metadata)})
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)  # only left when something failed
 
 
 def load_draft_vocab(path: str | os.PathLike) -> DraftVocab:
-    """Read a file written by `save_draft_vocab`; checks that `d2t` and `t2d` agree."""
-    from safetensors import safe_open
+    """Read a file written by `save_draft_vocab`; checks that `d2t` and `t2d` agree.
 
-    with safe_open(str(path), framework="pt") as file:
-        header = file.metadata() or {}
-        if _METADATA_KEY not in header or set(file.keys()) != {"d2t", "t2d", "counts"}:
-            raise ValueError(f"{path} is not a draft vocabulary file (expected d2t, t2d, counts and {_METADATA_KEY}).")
-        tensors = [file.get_tensor(name) for name in ("d2t", "t2d", "counts")]
+    Raises `ValueError` naming the file when it is not a draft vocabulary file, cannot be read (e.g. cut short)
+    or holds maps that disagree.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            header = file.metadata() or {}
+            names = set(file.keys())
+            if _METADATA_KEY in header and names == {"d2t", "t2d", "counts"}:
+                tensors = [file.get_tensor(name) for name in ("d2t", "t2d", "counts")]
+    except SafetensorError as error:
+        raise _UnreadableVocabFile(f"{path}: unreadable safetensors file ({error}); is it truncated?") from error
+    if _METADATA_KEY not in header or names != {"d2t", "t2d", "counts"}:
+        raise ValueError(f"{path} is not a draft vocabulary file (expected d2t, t2d, counts and {_METADATA_KEY}).")
+    try:
         vocab = DraftVocab(*tensors, metadata=json.loads(header[_METADATA_KEY]))
-    check_vocab_maps(vocab.d2t, vocab.t2d, vocab.d2t.shape[0], vocab.t2d.shape[0])
+        check_vocab_maps(vocab.d2t, vocab.t2d, vocab.d2t.shape[0], vocab.t2d.shape[0])
+    except ValueError as error:  # json.JSONDecodeError included
+        raise _UnreadableVocabFile(f"{path}: {error}") from error
     return vocab
 
 
@@ -195,14 +222,19 @@ def load_or_build_draft_vocab(
     dataset, vocab_size: int, draft_vocab_size: int, cache_path: str | os.PathLike, tokenizer: str | None = None
 ) -> DraftVocab:
     """Load the vocabulary cached at `cache_path` if it was built from this very dataset (fingerprint), tokenizer
-    name and sizes; otherwise build it and (over)write the cache. A stale cache is never reused."""
+    name and sizes; otherwise build it and (over)write the cache. A stale cache is never reused; an unreadable
+    one (e.g. cut short) is rebuilt with a warning; a file that is no draft vocabulary raises `ValueError`."""
     key = _cache_key(dataset, vocab_size, draft_vocab_size, tokenizer)
     if Path(cache_path).is_file():
-        cached = load_draft_vocab(cache_path)
-        if all(cached.metadata.get(name) == value for name, value in key.items()):
-            logger.info(f"Reusing the draft vocabulary cached in {cache_path}.")
-            return cached
-        logger.warning(f"{cache_path} was built for other data or sizes; rebuilding it.")
+        try:
+            cached = load_draft_vocab(cache_path)
+        except _UnreadableVocabFile as error:
+            logger.warning(f"{error}; rebuilding the draft vocabulary cache {cache_path}.")
+        else:
+            if all(cached.metadata.get(name) == value for name, value in key.items()):
+                logger.info(f"Reusing the draft vocabulary cached in {cache_path}.")
+                return cached
+            logger.warning(f"{cache_path} was built for other data or sizes; rebuilding it.")
     vocab = build_draft_vocab(dataset, vocab_size, draft_vocab_size, tokenizer=tokenizer)
     save_draft_vocab(vocab, cache_path)
     return vocab

@@ -5,6 +5,7 @@ checkpoint-formats.md), never with the writer under test.
 """
 
 import json
+import logging
 import re
 import runpy
 import sys
@@ -43,7 +44,8 @@ EQUIVALENT_FIELDS = (
     "vocab_size", "draft_vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
     "max_position_embeddings", "rope_parameters", "target_hidden_size", "target_layer_ids",
-    "target_model_name_or_path", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
+    "target_num_hidden_layers", "target_model_name_or_path", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+    "pad_token_id",
 )  # fmt: skip
 
 
@@ -309,6 +311,55 @@ def test_target_kwarg_fills_layer_count_and_attaches(tmp_path):
         draft.attach_target(target)
 
 
+def long_context_logits(draft: Eagle3DraftModel, target) -> torch.Tensor:
+    """Logits at positions 1000-1003, past the 2048 placeholder's scale for a factor-4 dynamic RoPE."""
+    if not draft.has_embedding:
+        draft.attach_target(target)
+    hidden = torch.randn(1, 4, 3 * H, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(1000, 1004)[None]
+    return draft(torch.tensor([[1, 5, 9, 20]]), target_hidden_states=hidden, position_ids=positions).logits
+
+
+# name -> (rope_scaling of an official head (2048 positions), max_position_embeddings after target= (256 positions))
+ROPE_SCALINGS = {
+    "dynamic": ({"type": "dynamic", "factor": 4.0}, 2048),  # transformers rescales beyond max_position_embeddings
+    "yarn": ({"rope_type": "yarn", "factor": 4.0}, 2048),  # original_max_position_embeddings defaults to it
+    "linear": ({"type": "linear", "factor": 4.0}, 256),  # does not read it: the target's value replaces 2048
+    # Reads only original_max_position_embeddings, which defaults to the file's max_position_embeddings.
+    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, 256),
+}
+
+
+@pytest.mark.parametrize("rope", ROPE_SCALINGS)
+def test_the_target_never_changes_the_rope(rope, tmp_path):
+    scaling, positions = ROPE_SCALINGS[rope]
+    folder = write_official(tmp_path / "official", rope_scaling=scaling)
+    target = make_tiny_target()
+    plain = Eagle3DraftModel.from_pretrained(folder, target_num_hidden_layers=LAYERS, dtype=torch.float32)
+    attached = Eagle3DraftModel.from_pretrained(folder, target=target, dtype=torch.float32)
+    expected = long_context_logits(plain, target)
+    assert torch.equal(long_context_logits(attached, target), expected)
+    assert attached.config.max_position_embeddings == positions
+    assert attached.config.rope_parameters == plain.config.rope_parameters
+    if rope in ("yarn", "llama3"):
+        assert attached.config.rope_parameters["original_max_position_embeddings"] == 2048  # the file's
+    # Exports reload to the same outputs; the CLI writes the target's value except where the RoPE reads it.
+    target.save_pretrained(tmp_path / "target")
+    assert convert_command.main([str(folder), str(tmp_path / "cli"), "--to", "sglang", "--target",
+                                 str(tmp_path / "target"), "--dtype", "float32"]) == 0  # fmt: skip
+    written = json.loads((tmp_path / "cli" / "config.json").read_text())["max_position_embeddings"]
+    assert written == (2048 if rope == "dynamic" else 256)
+    for out in (save_in_dialect(attached, tmp_path / "api", "sglang"), tmp_path / "cli"):
+        assert torch.equal(long_context_logits(Eagle3DraftModel.from_pretrained(out), target), expected)
+    if rope == "dynamic":
+        with pytest.raises(ValueError, match="would change its outputs"):
+            save_in_dialect(plain, tmp_path / "refused", "sglang", max_position_embeddings=256)
+        assert not (tmp_path / "refused").exists()
+    else:
+        out = save_in_dialect(plain, tmp_path / "resized", "sglang", max_position_embeddings=256)
+        assert torch.equal(long_context_logits(Eagle3DraftModel.from_pretrained(out), target), expected)
+
+
 def test_modelopt_without_lm_head_needs_the_target(tmp_path):
     folder = write_modelopt(tmp_path / "modelopt", lm_head=False)
     with pytest.raises(CheckpointFormatError, match="no lm_head.weight"):
@@ -351,6 +402,14 @@ BAD_INPUTS = {  # name -> (fixture, config edit, tensor edit, error pattern)
     "id conventions disagree": ("sglang", _set("eagle_aux_hidden_state_layer_ids", [1, 3, 4]), None, "different"),
     "eagle-1": ("modelopt", lambda c: c.pop("draft_vocab_size"),
                 lambda t: [t.pop(k) for k in list(t) if "hidden_norm" in k], "EAGLE-1/EAGLE-2"),
+    "string size": ("sglang", _set("draft_vocab_size", "64"), None, "field 'draft_vocab_size'"),
+    "float size": ("speculators", lambda c: c["transformer_layer_config"].__setitem__("hidden_size", 32.0), None,
+                   r"transformer_layer_config.hidden_size=32.0 is not a positive integer"),
+    "unknown rope type": ("sglang", _set("rope_scaling", {"type": "su", "factor": 2.0}), None, "rope_type='su'"),
+    "rope without factor": ("sglang", _set("rope_scaling", {"type": "linear"}), None, "required keys.*'factor'"),
+    "rope_scaling string": ("sglang", _set("rope_scaling", "linear"), None, "rope_scaling must be a JSON object"),
+    "eagle_config list": ("sglang", _set("eagle_config", [1, 3, 4]), None, "eagle_config must be a JSON object"),
+    "fractional d2t": ("sglang", None, lambda t: t.__setitem__("d2t", t["d2t"].float() + 0.5), "non-integer"),
 }  # fmt: skip
 
 
@@ -362,6 +421,28 @@ def test_bad_input_raises_naming_the_problem(case, tmp_path):
     with pytest.raises(CheckpointFormatError, match=pattern) as error:
         Eagle3DraftModel.from_pretrained(folder, **kwargs)
     assert str(folder) in str(error.value)
+
+
+def test_cli_reports_a_bad_config_on_one_line(tmp_path, capsys):
+    folder = corrupt(tmp_path, "sglang", _set("draft_vocab_size", "64"))
+    assert convert_command.main([str(folder), str(tmp_path / "out"), "--to", "eagle3_hf"]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(f"eagle3-hf convert: error: {folder / 'config.json'}: ")
+    native = save_in_dialect(load_source("sglang", tmp_path / "b"), tmp_path / "native", "eagle3_hf")
+    config = json.loads((native / "config.json").read_text())
+    (native / "config.json").write_text(json.dumps({**config, "hidden_size": 32.0}))
+    with pytest.raises(CheckpointFormatError, match="invalid config.json.*hidden_size"):
+        Eagle3DraftModel.from_pretrained(native)
+
+
+def test_both_weight_files_warn_and_safetensors_is_read(tmp_path, caplog):
+    folder = write_official(tmp_path / "official")  # pytorch_model.bin
+    other = head_tensors("midlayer.", seed=5)
+    save_file(other, folder / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="eagle3_hf.conversion"):
+        draft = Eagle3DraftModel.from_pretrained(folder, target_num_hidden_layers=LAYERS)
+    assert torch.equal(draft.fc.weight, other["fc.weight"])
+    assert "pytorch_model.bin and model.safetensors; reading model.safetensors" in caplog.text
 
 
 def test_unknown_folders_and_truncated_files(tmp_path):
@@ -387,6 +468,24 @@ def test_native_loads_are_strict_too(tmp_path, tiny_draft):
     save_file(tensors, folder / "model.safetensors")
     with pytest.raises(CheckpointFormatError, match="norm.weight"):
         Eagle3DraftModel.from_pretrained(folder)
+
+
+def test_official_export_needs_the_default_taps(tmp_path):
+    target = make_tiny_target()  # L = 8: the official code taps [2, 4, 5]
+    shifted = Eagle3DraftModel.from_target(target, draft_vocab_size=DRAFT_VOCAB, target_layer_ids=[1, 4, 7])
+    with pytest.raises(ValueError, match=r"always taps \[2, L//2, L-3\].*\[1, 4, 7\].*L=8"):
+        save_in_dialect(shifted, tmp_path / "official", "eagle")
+    assert not (tmp_path / "official").exists()
+    save_in_dialect(shifted, tmp_path / "sglang", "sglang")  # SGLang and vLLM read the recorded ids
+    shifted.config.target_num_hidden_layers = None  # L unknown: [1, 4, 7] are the defaults of no L
+    with pytest.raises(ValueError, match="always taps"):
+        save_in_dialect(shifted, tmp_path / "official", "eagle")
+
+
+def test_native_card_names_the_destination(tmp_path, tiny_draft):
+    folder = save_in_dialect(tiny_draft, tmp_path / "myhead", "eagle3_hf")
+    card = (folder / "README.md").read_text()
+    assert ".partial-" not in card and f'draft_id = "{folder}"' in card
 
 
 def test_export_refusals_and_atomic_writes(tmp_path, tiny_draft, monkeypatch):

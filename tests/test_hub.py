@@ -212,6 +212,14 @@ class TestPushToHub:
             push_to_hub(draft, "me/smol-eagle3", format="gguf")
         fake_hub.api_class.assert_not_called()
 
+    def test_a_refused_export_creates_no_repo_or_branch(self, draft, fake_hub):
+        draft.set_input_embeddings(None)  # the speculators format ships the embedding
+        with pytest.raises(ValueError, match="embed_tokens"):
+            push_to_hub(draft, "me/smol-eagle3", format="speculators", revision="v1")
+        fake_hub.api.create_repo.assert_not_called()
+        fake_hub.api.create_branch.assert_not_called()
+        fake_hub.api.upload_folder.assert_not_called()
+
     @pytest.mark.xfail(
         Eagle3DraftModel.push_to_hub is PreTrainedModel.push_to_hub,
         strict=True,

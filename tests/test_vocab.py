@@ -145,3 +145,57 @@ def test_command_line(tmp_path, capsys):
     vocab = load_draft_vocab(output)
     assert vocab.t2d.shape == (len(tokenizer),) and vocab.d2t.shape == (16,)  # no model config: len(tokenizer)
     assert "coverage" in capsys.readouterr().out and vocab.metadata["tokenizer"] == str(tmp_path / "tokenizer")
+
+
+def test_command_line_reads_the_vocab_size_of_a_composite_target(tmp_path):
+    """A multimodal config (Gemma 3) keeps vocab_size in its text config, as `train` reads it."""
+    from transformers import Gemma3Config
+
+    from eagle3_hf.commands import vocab as vocab_command
+
+    make_chat_tokenizer().save_pretrained(tmp_path / "target")
+    Gemma3Config().save_pretrained(tmp_path / "target")
+    (tmp_path / "data.jsonl").write_text('{"messages": ' + json.dumps(CONVERSATION) + "}\n")
+    argv = ["--tokenizer", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl")]
+    assert vocab_command.main([*argv, "--output", str(tmp_path / "vocab.safetensors"), "--draft-vocab-size", "8"]) == 0
+    vocab = load_draft_vocab(tmp_path / "vocab.safetensors")
+    assert vocab.t2d.shape == (Gemma3Config().get_text_config().vocab_size,) and vocab.metadata["filled"] == 0
+
+
+def test_command_data_defaults_are_train_s():
+    """The dataset fingerprint covers max_length and overflow: with train's defaults, train reuses the file."""
+    from eagle3_hf.commands import vocab as vocab_command
+    from eagle3_hf.commands.train import DataArguments
+    from eagle3_hf.training_args import Eagle3TrainingArguments
+
+    args = vocab_command.make_parser().parse_args(["--output", "vocab.safetensors"])
+    assert args.overflow == DataArguments().overflow == "drop"
+    assert args.max_length == Eagle3TrainingArguments.__dataclass_fields__["max_length"].default
+
+
+def test_cache_writes_are_atomic_and_a_truncated_cache_is_rebuilt(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "vocab.safetensors"
+    first = load_or_build_draft_vocab(tiny_dataset(), 8, 2, path, tokenizer="tiny")
+
+    def interrupted(tensors, filename, metadata=None):  # killed half-way through the write
+        open(filename, "wb").write(b"\0" * 8)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("safetensors.torch.save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_draft_vocab(build_draft_vocab(tiny_dataset(), 8, 3), path)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the old cache, whole; no partial file left
+    assert torch.equal(load_draft_vocab(path).d2t, first.d2t)
+
+    path.write_bytes(path.read_bytes()[:-8])  # a cache cut short by an older, non-atomic write
+    with pytest.raises(ValueError, match=f"{path}: unreadable"):
+        load_draft_vocab(path)
+    with caplog.at_level(logging.WARNING, logger="eagle3_hf.vocab"):
+        rebuilt = load_or_build_draft_vocab(tiny_dataset(), 8, 2, path, tokenizer="tiny")
+    assert f"rebuilding the draft vocabulary cache {path}" in caplog.text
+    assert torch.equal(rebuilt.d2t, first.d2t) and torch.equal(load_draft_vocab(path).d2t, first.d2t)
+
+    save_file({"weight": torch.zeros(2)}, str(path))  # some other file: an error, never overwritten
+    with pytest.raises(ValueError, match="not a draft vocabulary file"):
+        load_or_build_draft_vocab(tiny_dataset(), 8, 2, path, tokenizer="tiny")

@@ -28,7 +28,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-num-hidden-layers", type=int, help="target layer count L (default taps)")
     parser.add_argument("--target-layer-ids", type=int, nargs="+", help="target hidden_states indices fused by fc")
     parser.add_argument("--target-name", help="verifier id to record (speculators verifier.name_or_path)")
-    parser.add_argument("--max-position-embeddings", type=int, help="value written for the engines")
+    parser.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        help="value written for the engines (default: the target's with --target, unless the head's RoPE reads it, "
+        "as dynamic NTK does)",
+    )
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
     parser.add_argument("--speculative-tokens", type=int, default=3, help="speculators proposal length")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty destination")
@@ -37,8 +42,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    from huggingface_hub.errors import StrictDataclassError
+
     from eagle3_hf import Eagle3DraftModel
-    from eagle3_hf.conversion import detect_checkpoint_dialect, save_in_dialect
+    from eagle3_hf.conversion import detect_checkpoint_dialect, rope_reads_max_position_embeddings, save_in_dialect
 
     try:
         source_dialect = detect_checkpoint_dialect(args.source)
@@ -54,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.target_name:
             draft.config.target_model_name_or_path = args.target_name
         max_positions = args.max_position_embeddings
-        if max_positions is None and target is not None:
-            max_positions = target.config.get_text_config().max_position_embeddings
+        if max_positions is None and target is not None:  # a RoPE that reads the value keeps the head's own
+            if not rope_reads_max_position_embeddings(draft.config.rope_parameters):
+                max_positions = target.config.get_text_config().max_position_embeddings
         save_in_dialect(
             draft,
             args.destination,
@@ -65,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             speculative_tokens=args.speculative_tokens,
             verifier_architectures=target.config.architectures if target is not None else None,
         )
-    except (OSError, ValueError, TypeError) as error:
-        print(f"eagle3-hf convert: error: {error}", file=sys.stderr)
+    except (OSError, ValueError, TypeError, StrictDataclassError) as error:
+        message = " ".join(str(error).split())  # one line, whatever the library wrote
+        print(f"eagle3-hf convert: error: {message}", file=sys.stderr)
         return 1
     config = draft.config
     print(
