@@ -111,6 +111,16 @@ class Eagle3PreTrainedModel(PreTrainedModel):
             module.reset_vocab_maps()
 
 
+def _intermediate_size(text_config) -> int:
+    """The target's MLP width, under the names different architectures give it (GPT-2: `n_inner`, `None` meaning
+    `4 * hidden_size`; OPT: `ffn_dim`; Falcon: `ffn_hidden_size`)."""
+    for name in ("intermediate_size", "ffn_dim", "ffn_hidden_size", "n_inner"):
+        value = getattr(text_config, name, None)
+        if value:
+            return int(value)
+    return 4 * text_config.hidden_size
+
+
 class Eagle3DraftModel(Eagle3PreTrainedModel):
     """EAGLE-3 draft head (arXiv 2503.01840): `fc` fuses target features, one or more decoder layers, `norm`,
     and an `lm_head` over the draft vocabulary.
@@ -430,7 +440,7 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         fields = dict(
             vocab_size=text.vocab_size,
             hidden_size=text.hidden_size,
-            intermediate_size=text.intermediate_size,
+            intermediate_size=_intermediate_size(text),
             num_attention_heads=text.num_attention_heads,
             num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
             hidden_act=getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu",

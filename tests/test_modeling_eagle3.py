@@ -199,3 +199,18 @@ def test_init_output_from_target_leaves_a_different_norm_alone():
     assert draft.init_output_from_target(target) == ["lm_head"]
     assert torch.equal(draft.norm.weight, torch.ones(32))
     torch.testing.assert_close(draft.lm_head.weight, target.get_output_embeddings().weight[:32])
+
+
+@pytest.mark.parametrize(
+    "config_class, width_field, expected",
+    [("GPT2Config", "n_inner", 4 * 32), ("OPTConfig", "ffn_dim", 48), ("FalconConfig", "ffn_hidden_size", 48)],
+)
+def test_from_target_reads_the_mlp_width_of_targets_without_intermediate_size(config_class, width_field, expected):
+    import transformers
+
+    sizes = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=8)
+    config = getattr(transformers, config_class)(**sizes, **({} if width_field == "n_inner" else {width_field: 48}))
+    target = transformers.AutoModelForCausalLM.from_config(config)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=32)
+    assert draft.config.intermediate_size == expected
+    assert draft.config.target_layer_ids == [2, 4, 5]
