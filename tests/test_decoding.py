@@ -7,13 +7,16 @@ own next-token logits plus seeded noise), so rounds really accept several tokens
 import pytest
 import torch
 from transformers import (
+    DynamicCache,
     Gemma3TextConfig,
     GenerationConfig,
     LlamaConfig,
     MistralConfig,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
 )
+from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.generation import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -258,6 +261,48 @@ def test_eos_inside_an_accepted_path_stops_where_plain_generate_stops(llama_pair
     assert produced > out.sequences.shape[1] - 6, "the EOS round should have accepted tokens after the EOS"
 
 
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A tokenizer of the tiny targets' 128 ids, one character each, so every id sequence has its own text (with
+    the lowercase letters StopStringCriteria tokenizes as a probe)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    characters = [chr(0x4E00 + i) for i in range(100)] + list("abcdefghijklmnopqrstuvwxyz01")
+    backend = Tokenizer(models.BPE({character: i for i, character in enumerate(characters)}, merges=[]))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_stop_strings_stop_where_plain_generate_stops(llama_pair):
+    """generate() drops `tokenizer` before calling a custom loop; the wrapper builds the StopStringCriteria."""
+    target, draft = llama_pair
+    tokenizer = char_tokenizer()
+    prompt = random_prompt(6, 4)
+    free = original_generate(target, prompt, do_sample=False, max_new_tokens=20)[0, 6:].tolist()
+    index = next(i for i in range(4, 19) if free[i : i + 2] not in [free[j : j + 2] for j in range(i)])
+    stop = tokenizer.decode(free[index : index + 2])  # two tokens, the first occurrence ends at index + 1
+    kwargs = dict(do_sample=False, max_new_tokens=20, tokenizer=tokenizer)
+    expected = original_generate(target, prompt, stop_strings=[stop], **kwargs)
+    assert expected.shape[1] == 6 + index + 2
+    out = tree_generate(target, draft, prompt, 0.0, stop_strings=[stop], **kwargs)
+    assert torch.equal(out.sequences, expected)
+    assert 1 + int(out.num_accepted_tokens.sum()) > index + 2, "the stop string should end inside an accepted path"
+    # from the call's generation_config, and from the model's
+    config = GenerationConfig(stop_strings=stop, do_sample=False, max_new_tokens=20)
+    out = tree_generate(target, draft, prompt, 0.0, generation_config=config, tokenizer=tokenizer)
+    assert torch.equal(out.sequences, expected)
+    target.generation_config.stop_strings = stop
+    try:
+        assert torch.equal(tree_generate(target, draft, prompt, 0.0, **kwargs).sequences, expected)
+    finally:
+        target.generation_config.stop_strings = None
+
+
+def test_token_healing_is_refused_by_name(llama_pair):
+    target, draft = llama_pair
+    with pytest.raises(ValueError, match="does not support token_healing=True"):
+        target.generate(random_prompt(6, 0), assistant_model=draft, token_healing=True, tokenizer=char_tokenizer())
+
+
 def test_several_eos_ids(llama_pair):
     target, draft = llama_pair
     prompt = random_prompt(6, 3)
@@ -325,6 +370,40 @@ def test_scores_logits_and_tau_in_the_output_dict(llama_pair):
     assert 1 + int(out.num_accepted_tokens.sum()) >= 12
     assert len(out.draft_trees) == len(out.accepted_paths) == len(out.num_accepted_tokens)
     assert out.cache.get_seq_length() == out.sequences.shape[1] - 1  # holds exactly the accepted text
+
+
+SLIDING = ["qwen2-sliding", "mistral-sliding", "gemma3-sliding"]
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_user_cache_without_config_keeps_the_sliding_window(name):
+    """`DynamicCache()` without a config has only full layers; the window must still come from the model config."""
+    config_class, overrides, attn = ARCHITECTURES[name]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    for seed in range(2):
+        prompt = random_prompt(20, seed)  # longer than the window of 8
+        expected = original_generate(target, prompt, cache=DynamicCache(), do_sample=False, max_new_tokens=16)
+        out = tree_generate(target, draft, prompt, 0.3, cache=DynamicCache(), do_sample=False, max_new_tokens=16)
+        assert torch.equal(out.sequences, expected), f"prompt {seed}"
+        assert out.cache.get_seq_length() == out.sequences.shape[1] - 1
+    assert torch.equal(expected, original_generate(target, prompt, do_sample=False, max_new_tokens=16))
+
+
+def test_returned_cache_is_ready_for_another_plain_turn():
+    """Past recording is undone: sliding layers are back at `window - 1` entries and stay there in a second turn."""
+    config_class, overrides, attn = ARCHITECTURES["gemma3-sliding"]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    prompt = random_prompt(12, 0)
+    out = tree_generate(target, draft, prompt, 0.3, do_sample=False, max_new_tokens=10)
+    sliding = [layer for layer in out.cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+    assert sliding and not any(layer.record_past for layer in sliding)
+    assert all(layer.keys.shape[-2] == 8 - 1 for layer in sliding)
+    turn2 = torch.cat([out.sequences, torch.tensor([[7, 8, 9]])], dim=1)
+    continued = original_generate(target, turn2, cache=out.cache, do_sample=False, max_new_tokens=20)
+    assert torch.equal(continued, original_generate(target, turn2, do_sample=False, max_new_tokens=20))
+    assert all(layer.keys.shape[-2] == 8 - 1 for layer in sliding)
 
 
 def test_left_padded_prompt_matches_plain_generate(llama_pair):

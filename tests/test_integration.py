@@ -4,13 +4,14 @@ import importlib
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, Llama4TextConfig, SynthIDTextWatermarkingConfig
 from transformers.generation.utils import GenerationMixin
 
 import eagle3_hf
 from eagle3_hf import Eagle3DraftModel
 from eagle3_hf.generation import decoding, integration, original_generate
 
-from .conftest import make_tiny_target
+from .conftest import TINY_TARGET_KWARGS, make_tiny_target
 
 
 PROMPT = torch.tensor([[5, 17, 42, 9, 100, 3]])
@@ -103,6 +104,43 @@ def test_flash_attention_target_is_refused(pair):
             target.generate(PROMPT, assistant_model=draft, max_new_tokens=4)
     finally:
         target.config._attn_implementation = previous
+
+
+STATEFUL_PROCESSORS = {
+    "guidance_scale": ("UnbatchedClassifierFreeGuidanceLogitsProcessor", 1.5),
+    "watermarking_config": (
+        "SynthIDTextWatermarkLogitsProcessor",
+        SynthIDTextWatermarkingConfig(keys=[1, 2, 3], ngram_len=3),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["tree", "chain"])
+@pytest.mark.parametrize("argument", list(STATEFUL_PROCESSORS))
+def test_stateful_logits_processors_are_refused(pair, mode, argument):
+    """They keep state between calls; scoring rejected draft tokens would silently change the output."""
+    target, draft = pair
+    processor, value = STATEFUL_PROCESSORS[argument]
+    with pytest.raises(ValueError, match=f"{mode} decoding cannot apply {processor} \\(generate's `{argument}=`\\)"):
+        target.generate(PROMPT, assistant_model=draft, eagle3_mode=mode, max_new_tokens=4, **{argument: value})
+
+
+def test_chunked_attention_target_is_refused_in_tree_mode_only():
+    config = Llama4TextConfig(
+        **{**TINY_TARGET_KWARGS, "head_dim": 8, "intermediate_size_mlp": 64, "num_local_experts": 2},
+        attention_chunk_size=8,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    assert "chunked_attention" in config.layer_types
+    torch.manual_seed(1)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    with pytest.raises(ValueError, match="'chunked_attention' layers"):
+        target.generate(PROMPT, assistant_model=draft, max_new_tokens=4)
+    expected = original_generate(target, PROMPT, do_sample=False, max_new_tokens=8)
+    out = target.generate(PROMPT, assistant_model=draft, eagle3_mode="chain", do_sample=False, max_new_tokens=8)
+    assert torch.equal(out, expected)
 
 
 CHAT_PROMPTS = [

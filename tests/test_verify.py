@@ -8,6 +8,7 @@ from transformers.generation import LogitsProcessor, LogitsProcessorList, Repeti
 
 from eagle3_hf.generation.tree import DraftTree, ancestor_matrix, node_sequences
 from eagle3_hf.generation.verify import (
+    attention_layer_kinds,
     check_tree_attention,
     check_tree_cache,
     process_tree_logits,
@@ -42,21 +43,15 @@ def reference(model, sequence: torch.LongTensor):
     return out.logits[0, -1], torch.cat([out.hidden_states[i][0, -1] for i in LAYER_IDS])
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("name", list(ARCHITECTURES))
-@pytest.mark.parametrize("prefix_length", [6, 20])  # 6: the tree crosses the window; 20: the prefix exceeds it
-def test_tree_forward_matches_each_branch(name, attn, prefix_length):
-    config_class, overrides = ARCHITECTURES[name]
-    model = make_tiny_target(config_class, attn_implementation=attn, **overrides)
+def assert_tree_forward_matches_each_branch(model, cache: DynamicCache, prefix_length: int, check_window: bool):
     generator = torch.Generator().manual_seed(prefix_length)
     prefix = torch.randint(0, 128, (1, prefix_length), generator=generator)
     tree = make_tree(torch.randint(0, 128, (len(PARENTS),), generator=generator).tolist())
     tree.tokens[0] = prefix[0, -1]  # the root is the last token; the cache holds everything before it
-    cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(prefix[:, :-1], cache=cache)
         cache.activate_past_recording()
-        if "sliding" in name and prefix_length > 8:
+        if check_window:
             sliding = [layer for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
             assert sliding and all(layer.get_seq_length() >= layer.sliding_window for layer in sliding)
         logits, features = verify_tree(model, tree, cache, prefix_length - 1, LAYER_IDS)
@@ -69,6 +64,24 @@ def test_tree_forward_matches_each_branch(name, attn, prefix_length):
                 torch.testing.assert_close(features[node], expected_features, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+@pytest.mark.parametrize("prefix_length", [6, 20])  # 6: the tree crosses the window; 20: the prefix exceeds it
+def test_tree_forward_matches_each_branch(name, attn, prefix_length):
+    config_class, overrides = ARCHITECTURES[name]
+    model = make_tiny_target(config_class, attn_implementation=attn, **overrides)
+    check_window = "sliding" in name and prefix_length > 8
+    assert_tree_forward_matches_each_branch(model, DynamicCache(config=model.config), prefix_length, check_window)
+
+
+@pytest.mark.parametrize("name", ["qwen2-sliding", "mistral-sliding", "gemma3-sliding"])
+def test_cache_without_config_still_gets_the_window_from_the_model(name):
+    """`DynamicCache()` keeps every entry in full layers; the masks must still apply each sliding layer's window."""
+    config_class, overrides = ARCHITECTURES[name]
+    model = make_tiny_target(config_class, **overrides)
+    assert_tree_forward_matches_each_branch(model, DynamicCache(), 20, check_window=False)
+
+
 def test_masks_are_a_dict_only_for_mixed_layer_kinds():
     tree = make_tree([1] * len(PARENTS))
     for name, expect_dict in [("llama", False), ("mistral-sliding", False), ("gemma3-sliding", True)]:
@@ -77,7 +90,7 @@ def test_masks_are_a_dict_only_for_mixed_layer_kinds():
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             model(torch.ones(1, 20, dtype=torch.long), cache=cache)
-        masks = tree_attention_masks(cache, tree, model.dtype)
+        masks = tree_attention_masks(cache, tree, model.dtype, attention_layer_kinds(model))
         assert isinstance(masks, dict) == expect_dict
         if expect_dict:
             assert masks["full_attention"].shape == (1, 1, 7, 27)
@@ -100,7 +113,17 @@ def test_non_dynamic_cache_layers_are_refused():
 
     model = make_tiny_target()
     with pytest.raises(TypeError, match="StaticLayer"):
-        check_tree_cache(StaticCache(config=model.config, max_cache_len=32))
+        check_tree_cache(StaticCache(config=model.config, max_cache_len=32), attention_layer_kinds(model))
+
+
+def test_sliding_cache_layers_must_match_the_model_layers():
+    llama, mistral = make_tiny_target(), make_tiny_target(MistralConfig, sliding_window=8)
+    check_tree_cache(DynamicCache(config=mistral.config), attention_layer_kinds(mistral))
+    with pytest.raises(TypeError, match="layer 0 is 'full_attention'"):
+        check_tree_cache(DynamicCache(config=mistral.config), attention_layer_kinds(llama))
+    other_window = make_tiny_target(MistralConfig, sliding_window=4)
+    with pytest.raises(TypeError, match="window of 4 tokens.*'sliding_attention' with a window of 8"):
+        check_tree_cache(DynamicCache(config=other_window.config), attention_layer_kinds(mistral))
 
 
 class _LastTokenBan(LogitsProcessor):

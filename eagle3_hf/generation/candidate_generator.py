@@ -34,6 +34,7 @@ from transformers.utils import ModelOutput
 
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
+from .verify import check_stateless_processors
 
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 5
@@ -57,6 +58,7 @@ class Eagle3CandidateGenerator(CandidateGenerator):
         generation_config (`GenerationConfig`): the prepared config of the `generate` call (`max_length`,
             `output_hidden_states`).
         logits_processor (`LogitsProcessorList`, *optional*): the target's processors, applied to draft scores.
+            Processors that keep state between calls (`guidance_scale`, SynthID watermarking) raise `ValueError`.
         num_assistant_tokens (`int`, defaults to 5): length of the drafted chain per round. It stays constant:
             `num_assistant_tokens_schedule` and `assistant_confidence_threshold` do not apply.
 
@@ -87,6 +89,8 @@ class Eagle3CandidateGenerator(CandidateGenerator):
         self.num_assistant_tokens = int(num_assistant_tokens)
         self.max_length = generation_config.max_length
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        # both the draft (`_pick`) and the stock verification call them on tokens that may be rejected
+        check_stateless_processors(self.logits_processor, mode="chain")
         # Only the tapped layers are kept by the target's forward (EAGLE ids are HF indices, no +1 as in DFlash).
         # A user who asked for every hidden state in the generate output still gets them all (a superset).
         wants_all = bool(generation_config.output_hidden_states)

@@ -24,10 +24,17 @@ from ..cpu_packing import packing_would_help
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
 from .drafter import TreeDrafter
-from .kv_cache import keep_tree_entries
+from .kv_cache import end_past_recording, keep_tree_entries
 from .lookup import prompt_lookup_chain
 from .tree import DraftTree, append_chain, graft_chain, greedy_accept, sample_accept
-from .verify import check_tree_attention, check_tree_cache, process_tree_logits, verify_tree
+from .verify import (
+    attention_layer_kinds,
+    check_stateless_processors,
+    check_tree_attention,
+    check_tree_cache,
+    process_tree_logits,
+    verify_tree,
+)
 
 
 logger = logging.get_logger(__name__)
@@ -152,7 +159,11 @@ def prepare_draft(draft: Eagle3DraftModel, target: PreTrainedModel) -> Eagle3Dra
 
 
 def _check_request(
-    model: PreTrainedModel, input_ids: torch.LongTensor, generation_config: GenerationConfig, model_kwargs: dict
+    model: PreTrainedModel,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    generation_config: GenerationConfig,
+    model_kwargs: dict,
 ) -> None:
     """Clear errors for what tree decoding does not do."""
     if model.config.is_encoder_decoder:
@@ -170,6 +181,7 @@ def _check_request(
     if unknown:
         raise ValueError(f"EAGLE-3 tree decoding does not support these generate() arguments: {sorted(unknown)}.")
     check_tree_attention(model)
+    check_stateless_processors(logits_processor)
     cache = model_kwargs.get("cache")
     if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
         raise ValueError("EAGLE-3 tree decoding needs a fresh, empty DynamicCache (or none).")
@@ -194,9 +206,10 @@ def eagle3_generate(
     r"""EAGLE-3 tree decoding; pass as `target.generate(input_ids, custom_generate=eagle3_generate, draft_model=d)`.
 
     `generate()` prepares the generation config, logits processors, stopping criteria and cache; this loop honours
-    greedy and sampling (temperature, top-k, top-p and every logits processor, applied to each tree node with that
-    node's own prefix), `max_new_tokens` / `max_length`, any `eos_token_id`(s) and stopping criteria (checked after
-    every emitted token) and `return_dict_in_generate` (with `output_scores` / `output_logits`).
+    greedy and sampling (temperature, top-k, top-p and every stateless logits processor, applied to each tree node
+    with that node's own prefix; `guidance_scale` and SynthID watermarking keep state and are refused),
+    `max_new_tokens` / `max_length`, any `eos_token_id`(s) and stopping criteria (checked after every emitted token)
+    and `return_dict_in_generate` (with `output_scores` / `output_logits`).
 
     Args:
         draft_model ([`Eagle3DraftModel`]): the draft head. Its embedding is attached from the target when
@@ -221,7 +234,7 @@ def eagle3_generate(
     """
     if draft_model is None:
         raise ValueError("eagle3_generate needs `draft_model=` (generate() drops `assistant_model` for callables).")
-    _check_request(model, input_ids, generation_config, model_kwargs)
+    _check_request(model, input_ids, logits_processor, generation_config, model_kwargs)
     settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k, tree_lookup_tokens)
     draft = prepare_draft(draft_model, model)
     if packing_would_help(model, settings.total_tokens):
@@ -248,6 +261,7 @@ class _TreeDecoder:
         self.model, self.settings, self.streamer, self.sampled_draft = model, settings, streamer, sampled_draft
         self.drafter = TreeDrafter(draft, settings.top_k)
         self.layer_ids = list(draft.config.target_layer_ids)
+        self.layer_kinds = attention_layer_kinds(model)
         self.processors, self.stopping = logits_processor, stopping_criteria
         self.config = generation_config
         keep_scores = generation_config.return_dict_in_generate
@@ -264,10 +278,13 @@ class _TreeDecoder:
         cache = DynamicCache(config=self.model.config) if cache is None else cache
         stopped = self._prefill(cache, model_kwargs)
         if not stopped:
-            check_tree_cache(cache)
+            check_tree_cache(cache, self.layer_kinds)
             cache.activate_past_recording()  # sliding layers keep their past until `keep_tree_entries` trims it
-        while not stopped:
-            stopped = self._round(cache, output_draft_trees)
+        try:
+            while not stopped:
+                stopped = self._round(cache, output_draft_trees)
+        finally:
+            end_past_recording(cache)  # the returned cache must work for a later plain `generate`, as stock's does
         if self.streamer is not None:
             self.streamer.end()
         return Eagle3GenerateOutput(
@@ -314,7 +331,9 @@ class _TreeDecoder:
         depth = max(0, min(self.settings.depth, remaining - 1))  # deeper nodes could never be emitted
         tree = self._draft_tree(depth, remaining)
         padding = self._padding(cache.get_seq_length())
-        logits, features = verify_tree(self.model, tree, cache, self.position, self.layer_ids, padding)
+        logits, features = verify_tree(
+            self.model, tree, cache, self.position, self.layer_ids, padding, layer_kinds=self.layer_kinds
+        )
         scores = process_tree_logits(self.processors, self.sequences, tree, logits)
         if self.config.do_sample:
             path, bonus = sample_accept(tree, torch.softmax(scores, dim=-1))

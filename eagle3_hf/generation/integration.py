@@ -8,11 +8,17 @@ documented `generate(custom_generate=eagle3_generate, draft_model=draft)`. Every
 
 `eagle3_mode="chain"` instead runs the stock assisted-decoding loop with the chain-mode EAGLE-3 candidate
 generator (a baseline without a tree).
+
+`generate()` drops `tokenizer` before calling a callable, and then builds its stopping criteria without it, so the
+wrapper turns `stop_strings` into the `StopStringCriteria` that `generate()` would have built and passes it as a
+stopping criterion.
 """
 
+import copy
 import functools
 import inspect
 
+from transformers.generation import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
 from ..modeling_eagle3 import Eagle3DraftModel
@@ -36,6 +42,35 @@ def _bind(model, args: tuple, kwargs: dict) -> dict:
     return arguments
 
 
+def _generation_setting(model, arguments: dict, name: str):
+    """The value `generate()` will use for the generation-config field `name`: the call's keyword argument, else
+    the call's `generation_config`, else the model's (the precedence of `_prepare_generation_config`)."""
+    if name in arguments:
+        return arguments[name]
+    value = getattr(arguments.get("generation_config"), name, None)
+    return value if value is not None else getattr(model.generation_config, name, None)
+
+
+def _stop_strings_to_criteria(model, arguments: dict) -> None:
+    """Replace the call's stop strings by the `StopStringCriteria` built from them and `tokenizer`, in place."""
+    tokenizer = arguments.pop("tokenizer", None)
+    stop_strings = _generation_setting(model, arguments, "stop_strings")
+    if tokenizer is None or stop_strings is None:
+        return  # without a tokenizer generate() raises its own error about stop strings
+    criteria = StoppingCriteriaList([StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)])
+    # the same rule as generate(): a StopStringCriteria among the user's own criteria takes precedence
+    arguments["stopping_criteria"] = model._merge_criteria_processor_list(
+        criteria, arguments.get("stopping_criteria") or StoppingCriteriaList()
+    )
+    config = arguments.get("generation_config")
+    if config is not None and "stop_strings" not in arguments and model.generation_config.stop_strings is None:
+        # the stop strings came from the call's config; a keyword next to it would draw a deprecation warning
+        arguments["generation_config"] = copy.deepcopy(config)
+        arguments["generation_config"].stop_strings = None
+    else:
+        arguments["stop_strings"] = None  # a keyword also overrides the model's generation_config
+
+
 @functools.wraps(original_generate)
 def generate(self, *args, **kwargs):
     mode = kwargs.pop("eagle3_mode", None)
@@ -57,6 +92,13 @@ def generate(self, *args, **kwargs):
             return original_generate(self, *args, **kwargs)
     if arguments.get("custom_generate") is not None:
         raise ValueError("Pass either an Eagle3DraftModel as assistant_model or custom_generate=, not both.")
+    if _generation_setting(self, arguments, "token_healing"):
+        raise ValueError(
+            "EAGLE-3 tree decoding does not support token_healing=True: generate() does not hand the tokenizer to "
+            "a custom decoding loop. Heal the prompt first with `target.heal_tokens(input_ids, tokenizer)` and pass "
+            "the result."
+        )
+    _stop_strings_to_criteria(self, arguments)
     arguments.pop("assistant_model")
     streamer = arguments.pop("streamer", None)
     return original_generate(

@@ -7,7 +7,8 @@ stays in place.
 
 Sliding-window layers must be recording their past (`cache.activate_past_recording()`) during the tree forward,
 otherwise they would already have dropped prefix entries the next query needs. After the selection they are cut
-back to their working size (`sliding_window - 1` entries), as their own `crop` does.
+back to their working size (`sliding_window - 1` entries), as their own `crop` does. `end_past_recording` turns
+the recording off again before the cache is returned.
 """
 
 import torch
@@ -62,3 +63,16 @@ def keep_tree_entries(cache: Cache, num_new: int, keep: torch.LongTensor) -> Non
             _select_tail(layer, num_new, keep)
         else:
             raise TypeError(f"Cannot compact cache layer {index} of type {type(layer).__name__}.")
+
+
+def end_past_recording(cache: Cache) -> None:
+    """Undo `cache.activate_past_recording()` before the cache goes back to the caller, as stock `generate` does.
+
+    A recording sliding-window layer keeps every new entry until the next `crop`, so a later plain `generate` on the
+    returned cache (a second chat turn) would grow it without bound. Each recording layer is first cut back to its
+    working size (`crop(0)`: the last `sliding_window - 1` entries once the window is full), then stops recording.
+    """
+    for layer in cache.layers:
+        if getattr(layer, "record_past", False):
+            layer.crop(0)
+            layer.record_past = False

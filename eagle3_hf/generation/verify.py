@@ -4,15 +4,20 @@ The tree goes in as `N` new tokens at positions `prefix + depth`, with a float a
 node see the cached prefix, its ancestors and itself. Models whose layers all share one attention kind (Llama:
 full; Mistral with `sliding_window`: sliding) get one mask sized for that kind. Models that mix full and sliding
 layers (Gemma3, Qwen2/3 with `use_sliding_window`) take a dict `{"full_attention": ..., "sliding_attention": ...}`,
-which their forward uses as is. Sliding layers see only their window, so their mask has `sliding_window - 1 + N`
-columns once the prefix has filled the window.
+which their forward uses as is.
+
+Each layer's attention kind and window come from the model config, as Transformers' own mask creation takes them;
+the mask's size comes from the cache layer. A `DynamicCache(config=model.config)` keeps only `sliding_window - 1`
+past entries in sliding layers, so their mask has `sliding_window - 1 + N` columns once the prefix has filled the
+window; a `DynamicCache()` built without a config keeps every entry, and the window is then applied by the mask alone,
+as plain `generate` does with such a cache.
 
 The logits processors are then applied to every node with that node's own sequence (`process_tree_logits`).
 """
 
 import torch
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 from transformers.generation import LogitsProcessorList, logits_process
 
 from ..target import gather_target_features
@@ -20,10 +25,21 @@ from .tree import DraftTree, additive_mask, node_sequences, tree_position_ids, t
 
 
 TREE_MASK_BACKENDS = ("sdpa", "eager", "eagle3_grouped_sdpa")  # the last: `eagle3_hf.gqa_attention`
+# Attention kinds a tree mask can express. Chunked attention (Llama 4) sees only the keys of the query's own chunk:
+# not a window behind each query, so the sliding mask would be wrong for it.
+TREE_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def attention_layer_kinds(model: PreTrainedModel) -> list[tuple[str, int | None]]:
+    """`(attention kind, sliding window or None)` of every decoder layer, read from the config as
+    `DynamicCache(config=...)` reads it (`config.layer_types`, else each layer's `sliding_window`)."""
+    layer_types, per_layer_kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    return [(kind, kwargs.get("sliding_window")) for kind, kwargs in zip(layer_types, per_layer_kwargs)]
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:
-    """Raise `ValueError` unless `model` uses an attention backend that accepts an arbitrary 4-D float mask."""
+    """Raise `ValueError` unless `model` uses an attention backend that accepts an arbitrary 4-D float mask and only
+    attention kinds a tree mask can express (`TREE_LAYER_KINDS`)."""
     implementation = model.config._attn_implementation
     if implementation not in TREE_MASK_BACKENDS:
         raise ValueError(
@@ -32,26 +48,50 @@ def check_tree_attention(model: PreTrainedModel) -> None:
             f"a 2-D padding mask). Load the target with attn_implementation='sdpa' or 'eager', or call "
             f"model.set_attn_implementation('sdpa')."
         )
+    unsupported = sorted({kind for kind, _ in attention_layer_kinds(model)} - set(TREE_LAYER_KINDS))
+    if unsupported:
+        raise ValueError(
+            f"EAGLE-3 tree decoding supports full and sliding-window attention layers only; {type(model).__name__} "
+            f"has {', '.join(map(repr, unsupported))} layers, which a tree mask cannot express. Use plain generate "
+            "or eagle3_mode='chain'."
+        )
 
 
-def check_tree_cache(cache: Cache) -> None:
-    """Raise `TypeError` unless every layer of `cache` is a plain dynamic (full or sliding-window) layer."""
-    for index, layer in enumerate(cache.layers):
+def check_tree_cache(cache: Cache, layer_kinds: list[tuple[str, int | None]]) -> None:
+    """Raise `TypeError` unless every layer of `cache` is a plain dynamic (full or sliding-window) layer that keeps
+    what its attention kind in `layer_kinds` (from `attention_layer_kinds`) needs.
+
+    A full `DynamicLayer` may serve a sliding layer (a `DynamicCache()` built without a config): it keeps more than
+    the window, and the mask hides the rest. A `DynamicSlidingWindowLayer` must have the layer's own window.
+    """
+    for index, (layer, (kind, window)) in enumerate(zip(cache.layers, layer_kinds)):
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
             raise TypeError(
                 f"EAGLE-3 tree decoding needs a DynamicCache of full or sliding-window layers; layer {index} is a "
                 f"{type(layer).__name__}. Do not pass cache_implementation= or a static/quantized/offloaded cache."
             )
+        if type(layer) is DynamicSlidingWindowLayer and (
+            kind != "sliding_attention" or layer.sliding_window != window
+        ):
+            raise TypeError(
+                f"Cache layer {index} keeps a sliding window of {layer.sliding_window} tokens, but the model's layer "
+                f"{index} is {kind!r}" + (f" with a window of {window}" if window is not None else "") + ". Pass "
+                "DynamicCache(config=model.config), or no cache."
+            )
 
 
 def _layer_mask(
-    layer: DynamicLayer, tree: DraftTree, dtype: torch.dtype, padding: torch.BoolTensor | None
+    layer: DynamicLayer,
+    tree: DraftTree,
+    dtype: torch.dtype,
+    padding: torch.BoolTensor | None,
+    sliding_window: int | None,
 ) -> torch.Tensor:
-    """The `(1, 1, N, kv)` float mask for one cache layer, sized as the layer's `get_mask_sizes` says."""
+    """The `(1, 1, N, kv)` float mask for one cache layer, sized as the layer's `get_mask_sizes` says, hiding keys
+    `sliding_window` or more positions behind a node (`None`: full attention)."""
     num_nodes = tree.num_nodes
     kv_length, kv_offset = layer.get_mask_sizes(num_nodes)
     num_past = kv_length - num_nodes
-    sliding_window = layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
     past_keep = None if padding is None else padding[kv_offset : kv_offset + num_past]
     visible = tree_visibility(
         tree.ancestors,
@@ -66,7 +106,11 @@ def _layer_mask(
 
 
 def tree_attention_masks(
-    cache: Cache, tree: DraftTree, dtype: torch.dtype, padding: torch.BoolTensor | None = None
+    cache: Cache,
+    tree: DraftTree,
+    dtype: torch.dtype,
+    layer_kinds: list[tuple[str, int | None]],
+    padding: torch.BoolTensor | None = None,
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """Tree masks for the next forward on `cache`: one tensor, or a dict by layer type for mixed models.
 
@@ -74,13 +118,14 @@ def tree_attention_masks(
         cache (`Cache`): the target's cache *before* the tree forward (its layers must exist).
         tree ([`DraftTree`]): the tree (on the model's device).
         dtype (`torch.dtype`): the model's dtype.
+        layer_kinds (`list[tuple[str, int | None]]`): each layer's attention kind and window
+            (`attention_layer_kinds(model)`); the first cache layer of each kind sizes that kind's mask.
         padding (`torch.BoolTensor` of shape `(cached_length,)`, *optional*): False at padding positions.
     """
     masks = {}
-    for layer in cache.layers:
-        kind = "sliding_attention" if isinstance(layer, DynamicSlidingWindowLayer) else "full_attention"
+    for layer, (kind, window) in zip(cache.layers, layer_kinds):
         if kind not in masks:
-            masks[kind] = _layer_mask(layer, tree, dtype, padding)
+            masks[kind] = _layer_mask(layer, tree, dtype, padding, window)
     return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
@@ -92,6 +137,7 @@ def verify_tree(
     position_start: int,
     layer_ids: list[int],
     padding: torch.BoolTensor | None = None,
+    layer_kinds: list[tuple[str, int | None]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One target forward over all tree nodes; appends their `N` KV entries to `cache`.
 
@@ -102,12 +148,15 @@ def verify_tree(
         position_start (`int`): RoPE position of the root.
         layer_ids (`list[int]`): EAGLE layer ids (= `hidden_states` indices) of the features to capture.
         padding (`torch.BoolTensor` of shape `(cache length,)`, *optional*): False at padding positions.
+        layer_kinds (`list[tuple[str, int | None]]`, *optional*): `attention_layer_kinds(model)`, read from the
+            config when not given.
 
     Returns:
         `(logits, features)`: float32 logits `(N, vocab_size)` at every node, and target features
         `(N, len(layer_ids) * hidden_size)`.
     """
-    mask = tree_attention_masks(cache, tree, model.dtype, padding)
+    layer_kinds = attention_layer_kinds(model) if layer_kinds is None else layer_kinds
+    mask = tree_attention_masks(cache, tree, model.dtype, layer_kinds, padding)
     outputs = model(
         input_ids=tree.tokens[None],
         attention_mask=mask,
@@ -122,7 +171,8 @@ def verify_tree(
 
 
 # Processors that treat every row independently, so one call can score all nodes of a tree level at once. Any
-# other processor is called node by node (still correct as long as it is stateless, as assisted decoding assumes).
+# other processor is called node by node (correct as long as it is stateless, as assisted decoding assumes; the
+# stateful ones Transformers ships are refused by `check_stateless_processors`).
 _ROW_WISE_PROCESSORS = frozenset(
     {
         logits_process.MinLengthLogitsProcessor,
@@ -147,6 +197,32 @@ _ROW_WISE_PROCESSORS = frozenset(
         logits_process.SuppressTokensLogitsProcessor,
     }
 )
+
+
+# Processors that keep state from call to call, with the `generate()` argument that creates each. Speculative
+# decoding also scores draft tokens that are then rejected (a tree: every node, sibling branches included), so such a
+# processor would see other calls than under plain `generate` and change the output even under greedy decoding.
+_STATEFUL_PROCESSORS = {
+    logits_process.UnbatchedClassifierFreeGuidanceLogitsProcessor: "guidance_scale",  # the unconditional KV cache
+    logits_process.SynthIDTextWatermarkLogitsProcessor: "watermarking_config",  # the last n-gram context
+}
+
+
+def check_stateless_processors(processors: LogitsProcessorList, mode: str = "tree") -> None:
+    """Raise `ValueError` if `processors` holds a processor known to keep state between calls.
+
+    Args:
+        processors (`LogitsProcessorList`): as prepared by `generate()`.
+        mode (`str`): `"tree"` or `"chain"`, for the message.
+    """
+    for processor in processors:
+        for processor_class, argument in _STATEFUL_PROCESSORS.items():
+            if isinstance(processor, processor_class):
+                raise ValueError(
+                    f"EAGLE-3 {mode} decoding cannot apply {type(processor).__name__} (generate's `{argument}=`): it "
+                    "keeps state between calls, while speculative decoding also scores draft tokens that are then "
+                    "rejected, so the output would differ from plain generate. Call generate without assistant_model."
+                )
 
 
 def _is_row_wise(processor) -> bool:
