@@ -149,7 +149,7 @@ def build_draft_vocab(dataset, vocab_size: int, draft_vocab_size: int, **metadat
     d2t, t2d = maps_from_token_ids(token_ids, vocab_size)
     vocab = DraftVocab(d2t, t2d, counts)
     vocab.metadata = {
-        **_cache_key(dataset, vocab_size, draft_vocab_size, metadata.pop("tokenizer", None)),
+        **vocab_cache_key(dataset, vocab_size, draft_vocab_size, metadata.pop("tokenizer", None)),
         **metadata,
         "coverage": vocab.coverage,
         "filled": filled,
@@ -163,7 +163,9 @@ def build_draft_vocab(dataset, vocab_size: int, draft_vocab_size: int, **metadat
     return vocab
 
 
-def _cache_key(dataset, vocab_size: int, draft_vocab_size: int, tokenizer: str | None) -> dict[str, Any]:
+def vocab_cache_key(dataset, vocab_size: int, draft_vocab_size: int, tokenizer: str | None) -> dict[str, Any]:
+    """The metadata that identifies a draft vocabulary built from `dataset`: a stored vocabulary is reused only when
+    its metadata holds these same values (`load_or_build_draft_vocab`, `eagle3-hf train --draft_vocab_file`)."""
     # datasets exposes the fingerprint only as this attribute; build_training_dataset sets it from the data,
     # the tokenizer and the settings.
     return {
@@ -224,7 +226,7 @@ def load_or_build_draft_vocab(
     """Load the vocabulary cached at `cache_path` if it was built from this very dataset (fingerprint), tokenizer
     name and sizes; otherwise build it and (over)write the cache. A stale cache is never reused; an unreadable
     one (e.g. cut short) is rebuilt with a warning; a file that is no draft vocabulary raises `ValueError`."""
-    key = _cache_key(dataset, vocab_size, draft_vocab_size, tokenizer)
+    key = vocab_cache_key(dataset, vocab_size, draft_vocab_size, tokenizer)
     if Path(cache_path).is_file():
         try:
             cached = load_draft_vocab(cache_path)

@@ -105,12 +105,12 @@ def _check_draft_vocab_file(
     path: str, train, vocab_size: int, draft_vocab_size: int, data_args: DataArguments, args: Eagle3TrainingArguments
 ) -> None:
     """Refuse an existing user `--draft_vocab_file` built for other data or sizes instead of overwriting it."""
-    from eagle3_hf.vocab import _cache_key, load_draft_vocab
+    from eagle3_hf.vocab import load_draft_vocab, vocab_cache_key
 
     if not os.path.isfile(path):
         return  # built there
     stored = load_draft_vocab(path).metadata
-    key = _cache_key(train, vocab_size, draft_vocab_size, args.target_model_name_or_path)
+    key = vocab_cache_key(train, vocab_size, draft_vocab_size, args.target_model_name_or_path)
     differences = [
         f"{name} {stored.get(name)!r} in the file, {value!r} here"
         for name, value in key.items()
