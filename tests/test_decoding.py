@@ -489,6 +489,12 @@ def test_draft_gets_the_target_embedding_device_and_dtype():
     assert draft.has_embedding and draft.fc.weight.dtype == torch.float32
 
 
+def test_offloaded_cache_is_refused(llama_pair):
+    target, draft = llama_pair
+    with pytest.raises(ValueError, match="offloading=True"):
+        target.generate(random_prompt(6, 0), assistant_model=draft, cache=DynamicCache(offloading=True))
+
+
 def test_batch_of_two_is_refused(llama_pair):
     target, draft = llama_pair
     with pytest.raises(ValueError, match="batch size 1"):

@@ -185,6 +185,9 @@ def _check_request(
     cache = model_kwargs.get("cache")
     if cache is not None and (not isinstance(cache, DynamicCache) or cache.get_seq_length() > 0):
         raise ValueError("EAGLE-3 tree decoding needs a fresh, empty DynamicCache (or none).")
+    if getattr(cache, "offloading", False):
+        # keep_tree_entries rewrites layers in place, behind the back of the offloading prefetch
+        raise ValueError("EAGLE-3 tree decoding does not support DynamicCache(offloading=True); pass a plain one.")
 
 
 def eagle3_generate(
