@@ -223,10 +223,11 @@ def normalize_messages(record: Any) -> list[dict[str, str]]:
     messages: list[dict[str, str]] = []
     for turn in turns or []:
         role = ROLE_ALIASES.get(str(turn.get(role_key)).lower()) if isinstance(turn, dict) else None
-        content = turn.get(content_key) if isinstance(turn, dict) else None
+        content = _text_content(turn.get(content_key)) if isinstance(turn, dict) else None
         if role is None or not isinstance(content, str):
             raise ValueError(
-                f"turn {turn!r:.80} needs '{role_key}' in {sorted(ROLE_ALIASES)} and a string '{content_key}'."
+                f"turn {turn!r:.80} needs '{role_key}' in {sorted(ROLE_ALIASES)} and a '{content_key}' that is a "
+                "string or a list of text parts."
             )
         if not content.strip() or (role == "system" and messages):
             continue
@@ -239,6 +240,25 @@ def normalize_messages(record: Any) -> list[dict[str, str]]:
     while rest and rest[0]["role"] != "user":
         rest.pop(0)
     return system + rest if rest else []
+
+
+def _text_content(content: Any) -> str | None:
+    """A turn's text: a string as is; OpenAI-style content parts (`[{"type": "text", "text": ...}, ...]`) joined.
+
+    Returns None for anything else. A part that is not text (an image, audio, ...) raises `ValueError` naming its
+    type: the head is trained on text only, and dropping the part would change what the turn says.
+    """
+    if isinstance(content, str) or not isinstance(content, list):
+        return content if isinstance(content, str) else None
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text":
+            raise ValueError(f"content part {part!r:.80} is not text (type {kind!r}); only text parts are supported.")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content part {part!r:.80} has no string 'text'.")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def training_messages(record: Any, system_prompt: str | None = None) -> list[dict[str, str]]:
@@ -499,12 +519,14 @@ def build_training_dataset(
     if max_length < 2:
         raise ValueError(f"max_length={max_length} must be at least 2.")
     stats, conversations, indices, digest = DataStats(), [], [], hashlib.sha256()
+    first_invalid = None
     for index, record in iter_records(source, offset, limit):
         stats.read += 1
         try:
             messages = training_messages(record, system_prompt)
         except ValueError as error:
             stats.invalid += 1
+            first_invalid = first_invalid or f"record {index}: {error}"
             logger.debug(f"Skipping record {index}: {error}")
             continue
         if not messages:
@@ -513,6 +535,8 @@ def build_training_dataset(
         conversations.append(messages)
         indices.append(index)
         digest.update(json.dumps(messages).encode())
+    if first_invalid is not None:  # a whole dataset in an unexpected layout must not shrink silently
+        logger.warning(f"{source!r:.100}: skipped {stats.invalid} malformed records; the first, {first_invalid}")
     if not conversations:
         raise ValueError(f"No usable conversation in {source!r:.100} (offset={offset}, limit={limit}): {stats}.")
     settings = [_FORMAT_VERSION, tokenizer_fingerprint(tokenizer), max_length, overflow, plain_text_loss]

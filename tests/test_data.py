@@ -163,8 +163,20 @@ class TestNormalize:
         assert training_messages({"conversations": [{"from": "gpt", "value": "only an answer"}]}) == []
         with pytest.raises(ValueError, match="'from' in"):
             normalize_messages({"conversations": [{"from": "narrator", "value": "x"}]})
-        with pytest.raises(ValueError, match="string 'content'"):
+        with pytest.raises(ValueError, match="string or a list of text parts"):
+            normalize_messages({"messages": [{"role": "user", "content": 42}]})
+        with pytest.raises(ValueError, match="has no string 'text'"):
             normalize_messages({"messages": [{"role": "user", "content": [{"type": "text"}]}]})
+        with pytest.raises(ValueError, match="type 'image_url'"):
+            normalize_messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
+
+    def test_openai_text_parts_are_joined(self):
+        parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "6 * 7?"}]
+        record = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "42"}]}
+        assert normalize_messages(record) == [
+            {"role": "user", "content": "What is 6 * 7?"},
+            {"role": "assistant", "content": "42"},
+        ]
         with pytest.raises(ValueError, match="neither 'conversations'"):
             normalize_messages({"text": "plain"})
 
@@ -387,6 +399,12 @@ class TestBuildTrainingDataset:
                 "messages": [{"role": "user", "content": long_answer}, {"role": "assistant", "content": "ok"}],
             },
         ]
+
+    def test_malformed_records_are_counted_in_a_warning(self, caplog):
+        with caplog.at_level(logging.WARNING, logger="eagle3_hf.data"):
+            build_training_dataset(self.records(), make_chat_tokenizer(), max_length=128)
+        assert "skipped 1 malformed records; the first, record 3:" in caplog.text
+        assert "'from' in" in caplog.text
 
     def test_stats_truncate(self):
         dataset = build_training_dataset(self.records(), make_chat_tokenizer(), max_length=128)
