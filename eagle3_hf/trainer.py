@@ -83,6 +83,15 @@ def unroll_training_time_test(
         yield outputs
 
 
+def _check_feature_caches(datasets, config, target_model) -> None:
+    """`FeatureCache.check_matches` for every `CachedFeatureDataset` among `datasets` (or the values of a dict)."""
+    for dataset in datasets:
+        for member in dataset.values() if isinstance(dataset, dict) else [dataset]:
+            if isinstance(member, CachedFeatureDataset):
+                # Features of other taps or another target have the right shapes often enough to train silently.
+                member.cache.check_matches(config, target_model)
+
+
 class Eagle3Trainer(Trainer):
     """Trainer for EAGLE-3 draft heads ([paper](https://huggingface.co/papers/2503.01840)).
 
@@ -121,11 +130,7 @@ class Eagle3Trainer(Trainer):
         args = args if args is not None else Eagle3TrainingArguments()
         if not isinstance(args, Eagle3TrainingArguments):
             raise TypeError(f"args must be Eagle3TrainingArguments; got {type(args).__name__}.")
-        eval_datasets = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
-        for dataset in [train_dataset, *eval_datasets]:
-            if isinstance(dataset, CachedFeatureDataset):
-                # Features of other taps or another target have the right shapes often enough to train silently.
-                dataset.cache.check_matches(model.config, target_model)
+        _check_feature_caches([train_dataset, eval_dataset], model.config, target_model)
         target_model.eval()
         target_model.requires_grad_(False)
         model.attach_target(target_model)
@@ -146,6 +151,12 @@ class Eagle3Trainer(Trainer):
         self.target_model = target_model
         # name -> [numerator, denominator], summed over the micro-batches of all processes and divided in `log`.
         self._metrics = {"train": defaultdict(lambda: [0.0, 0.0]), "eval": defaultdict(lambda: [0.0, 0.0])}
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """`Trainer.evaluate`; a `CachedFeatureDataset` passed here is checked against the head and target first."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):  # a str names one of the eval datasets
+            _check_feature_caches([eval_dataset], self.model.config, self.target_model)
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     # ------------------------------------------------------------------------------------------------ the loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -191,6 +191,21 @@ class TestOfflineTraining:
         with pytest.raises(ValueError, match=f"{re.escape(str(cache.cache_dir))}.*{message}"):
             Eagle3Trainer(make_draft(target, **head), args, target_model=target, **cached)
 
+    def test_a_cache_passed_to_evaluate_is_checked(self, tmp_path):
+        target = make_tiny_target()
+        target.name_or_path = "org/target-A"
+        dataset = make_dataset(LENGTHS)
+        cache = build(target, dataset, tmp_path / "cache")
+        args = make_args(tmp_path, feature_mode="offline", feature_cache_dir=str(cache.cache_dir))
+        cached = CachedFeatureDataset(dataset, cache)
+        trainer = Eagle3Trainer(make_draft(target), args, target_model=target, train_dataset=cached)
+        assert "eval_loss" in trainer.evaluate(eval_dataset=cached)
+        other = make_tiny_target()
+        other.name_or_path = "org/target-B"
+        other_cache = build(other, dataset, tmp_path / "other-cache")
+        with pytest.raises(ValueError, match="target_name_or_path='org/target-B' but the target is 'org/target-A'"):
+            trainer.evaluate(eval_dataset=CachedFeatureDataset(dataset, other_cache))
+
     def test_a_cache_of_a_nameless_target_is_not_compared_by_name(self, tmp_path):
         dataset = make_dataset(LENGTHS)
         cache = build(make_tiny_target(), dataset, tmp_path / "cache")  # records the class name
