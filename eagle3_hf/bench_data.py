@@ -55,16 +55,43 @@ def load_human_eval(limit: int | None = None) -> list[EvalPrompt]:
     return prompts[:limit]
 
 
-def load_sharegpt_heldout(limit: int | None = None, start: int = SHAREGPT_HELDOUT_START) -> list[EvalPrompt]:
-    """First user turn of the held-out ShareGPT records (index >= `start`), skipping conversations without one."""
+def load_sharegpt_heldout(
+    limit: int | None = None, start: int = SHAREGPT_HELDOUT_START, source="sharegpt"
+) -> list[EvalPrompt]:
+    """First user turn of the held-out ShareGPT records (index >= `start`), skipping conversations without one and
+    prompts already seen: ShareGPT repeats prompts under other ids ("Hello!", "continue", pasted tasks), so about
+    one in twelve held-out first turns is word for word the first turn of a record before `start`, which training
+    may have used. Those, and repeats within the slice, are left out (compared after stripping whitespace).
+    `source`: the shipped ShareGPT file, or any source `eagle3_hf.data.iter_records` reads."""
     from .data import read_sharegpt_heldout_records
 
+    seen = _first_user_turns(stop=start, source=source)
     prompts = []
-    for index, record in read_sharegpt_heldout_records(start):
-        prompts.append(EvalPrompt("sharegpt", str(record.get("id", index)), "sharegpt", [record["first_user_turn"]]))
+    for index, record in read_sharegpt_heldout_records(start, source=source):
+        turn = record["first_user_turn"]
+        if turn.strip() in seen:
+            continue
+        seen.add(turn.strip())
+        prompts.append(EvalPrompt("sharegpt", str(record.get("id", index)), "sharegpt", [turn]))
         if limit is not None and len(prompts) >= limit:
             break
     return prompts
+
+
+def _first_user_turns(stop: int, source="sharegpt") -> set[str]:
+    """The stripped first user turns of `source`'s records before index `stop` (malformed records are skipped)."""
+    from .data import iter_records, normalize_messages
+
+    turns = set()
+    for _, record in iter_records(source, limit=stop):
+        try:
+            messages = normalize_messages(record)
+        except ValueError:
+            continue
+        first = next((message["content"] for message in messages if message["role"] == "user"), None)
+        if first is not None:
+            turns.add(first.strip())
+    return turns
 
 
 DATASETS = {"mt_bench": load_mt_bench, "humaneval": load_human_eval, "sharegpt": load_sharegpt_heldout}

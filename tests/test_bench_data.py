@@ -2,7 +2,7 @@
 
 import pytest
 
-from eagle3_hf.bench_data import load_mt_bench, load_prompts
+from eagle3_hf.bench_data import load_mt_bench, load_prompts, load_sharegpt_heldout
 
 
 def test_mt_bench_interleaves_categories_so_any_eight_cover_all():
@@ -29,3 +29,22 @@ def test_load_prompts_limit_and_offset_per_dataset():
         load_prompts(["gsm8k"], limit=1)
     with pytest.raises(ValueError, match="offset=-1 and limit=2 must be non-negative"):
         load_prompts(["humaneval"], limit=2, offset=-1)
+
+
+def test_sharegpt_heldout_leaves_out_prompts_seen_before_it():
+    def chat(prompt_id, question):
+        return {
+            "id": prompt_id,
+            "conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": "a"}],
+        }
+
+    training = [chat("t0", "Hello!"), chat("t1", "Write a poem.")]
+    heldout = [
+        chat("h0", " Hello! "),
+        chat("h1", "Explain RoPE."),
+        chat("h2", "Explain RoPE."),
+        chat("h3", "Sum 2+2."),
+    ]
+    prompts = load_sharegpt_heldout(start=2, source=training + heldout)
+    assert [(p.prompt_id, p.turns) for p in prompts] == [("h1", ["Explain RoPE."]), ("h3", ["Sum 2+2."])]
+    assert [p.prompt_id for p in load_sharegpt_heldout(limit=1, start=2, source=training + heldout)] == ["h1"]
