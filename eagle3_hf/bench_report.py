@@ -11,14 +11,15 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
-    """Markdown tables: per dataset (tau, tokens/s, speedup, greedy mismatches), then per MT-bench category."""
+    """Markdown tables: per dataset (tau, tokens/s, speedup, greedy mismatches, "-" where no output was compared
+    with plain `generate`), then per MT-bench category."""
     header = "| dataset | T | method | tau | tokens/s | speedup | greedy mismatches | generations |\n"
     header += "|---|---|---|---|---|---|---|---|\n"
     main, categories = header, header
     for row in summary["rows"]:
         line = (
             f"| {row['dataset']} | {row['temperature']:g} | {row['method']} | {_fmt(row['tau'])} | "
-            f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {row['greedy_mismatches']} | "
+            f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {_fmt(row['greedy_mismatches'], 0)} | "
             f"{row['generations']} |\n"
         )
         if "/" in row["dataset"]:

@@ -60,18 +60,25 @@ def record_rounds(target: torch.nn.Module):
         handle.remove()
 
 
-def tokens_per_round(cache_lengths: list[int], final_length: int) -> list[int]:
+def tokens_per_round(cache_lengths: list[int], final_length: int, prompt_length: int | None = None) -> list[int]:
     """Tokens committed per decoding round from the cache length at each target forward.
 
-    The first forward is the prefill; round `i` is the forward at index `i` and commits the tokens up to the start
-    of the next forward (the last round up to `final_length`, the sequence length after generation; the last
-    committed token is never in the cache).
+    The first forward is the prefill and emits the first new token; round `i` is the forward at index `i` and
+    commits the tokens up to the start of the next forward (the last round up to `final_length`, the sequence
+    length after generation; the last committed token is never in the cache). The rounds sum to new tokens - 1.
+
+    Transformers' prompt lookup already drafts in its first forward. With `prompt_length`, a first forward that
+    commits `c > 1` tokens counts as the prefill (its first token, the one the target would emit anyway) followed by
+    a round of the other `c - 1` (the draft from position 2 on, which was drafted after a correct first token); a
+    first forward that commits 1 token is the prefill alone, as for plain `generate`, chain mode and the tree.
     """
-    if len(cache_lengths) < 2:
+    if not cache_lengths:
         return []
     starts = cache_lengths[1:]
     ends = starts[1:] + [final_length - 1]
-    return [end - start for start, end in zip(starts, ends)]
+    rounds = [end - start for start, end in zip(starts, ends)]
+    first = (starts[0] if starts else final_length - 1) - prompt_length + 1 if prompt_length is not None else 1
+    return [first - 1, *rounds] if first > 1 else rounds
 
 
 def resolve_tree_lookup_tokens(draft, requested: int | None = None) -> int:
@@ -149,7 +156,8 @@ def timed_generate(
         _synchronize(input_ids.device)
         seconds = time.perf_counter() - start
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
-    return sequences[0, input_ids.shape[1] :], seconds, tokens_per_round(lengths, sequences.shape[1])
+    rounds = tokens_per_round(lengths, sequences.shape[1], input_ids.shape[1])
+    return sequences[0, input_ids.shape[1] :], seconds, rounds
 
 
 def _encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
@@ -228,26 +236,76 @@ def run_benchmark(
     return records
 
 
-def acceptance_by_position(rounds: list[int], max_positions: int | None = None) -> list[float]:
+def acceptance_by_position(
+    rounds: list[int], max_positions: int | None = None, draftable: list[int] | None = None
+) -> list[float]:
     """Acceptance rate of draft position k (1-based): P(accepted >= k | accepted >= k - 1), from tokens per round.
 
-    `rounds` holds accepted + 1 per round. Positions never reached are omitted.
+    `rounds` holds accepted + 1 per round. `max_positions` is the deepest position the method drafts (without it,
+    the deepest position any round accepted plus one, which reports a made-up 0 past a method's deepest draft).
+    `draftable[i]`, when given, is the most positions round `i` could draft (`round_draft_limits`): a round cut
+    short by `max_new_tokens` did not attempt the positions beyond it, so they do not count as rejections.
+    Positions never attempted are omitted.
     """
     accepted = torch.tensor([r - 1 for r in rounds], dtype=torch.long)
+    limits = torch.tensor(draftable, dtype=torch.long) if draftable is not None else None
     rates = []
     limit = max_positions or (int(accepted.max()) + 1 if accepted.numel() else 0)
     for k in range(1, limit + 1):
-        reached = int((accepted >= k - 1).sum())
+        attempted = accepted >= k - 1
+        if limits is not None:
+            attempted &= limits >= k
+        reached = int(attempted.sum())
         if reached == 0:
             break
-        rates.append(int((accepted >= k).sum()) / reached)
+        rates.append(int((attempted & (accepted >= k)).sum()) / reached)
     return rates
 
 
-def _aggregate(group: list[GenerationRecord]) -> dict:
+def round_draft_limits(record: GenerationRecord, max_new_tokens: int) -> list[int]:
+    """The most draft positions each round of `record` could fill under `max_new_tokens`: every method drafts at
+    most `remaining - 1` tokens, the target adding one (the tree's depth, chain mode's candidates, prompt lookup).
+
+    The tokens emitted before the first recorded round (the prefill's one) are `new_tokens - sum(rounds)`.
+    """
+    emitted = record.new_tokens - sum(record.tokens_per_round)
+    limits = []
+    for tokens in record.tokens_per_round:
+        limits.append(max_new_tokens - emitted - 1)
+        emitted += tokens
+    return limits
+
+
+def deepest_draft_positions(tree, sampled: bool) -> dict[str, int]:
+    """The deepest draft position of every method (`TREE_METHODS` and prompt lookup) for the tree settings `tree`
+    (a `TreeSettings` whose `lookup_tokens` is the `"tree_lookup"` method's), `sampled` when the tree is sampled.
+
+    The tree reaches `depth` (at most `total_tokens - 1` nodes deep); `"tree_lookup"` also grafts a prompt-lookup
+    chain from the root, as long as `lookup_tokens`, cut to the tree's other nodes (`graft_chain`) or, in a sampled
+    tree, to `(total_tokens - 1) // 2` (`_TreeDecoder._draft_tree` in `generation/decoding.py`).
+    """
+    from .generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
+
+    tree_depth = min(tree.depth, tree.total_tokens - 1)
+    chain_room = (tree.total_tokens - 1) // 2 if sampled else tree.total_tokens - 1
+    return {
+        "prompt_lookup": PROMPT_LOOKUP_NUM_TOKENS,
+        "chain": DEFAULT_NUM_ASSISTANT_TOKENS,
+        "tree": tree_depth,
+        "tree_lookup": max(tree_depth, min(tree.lookup_tokens, chain_room)),
+    }
+
+
+def _aggregate(
+    group: list[GenerationRecord], max_new_tokens: int | None = None, max_positions: int | None = None
+) -> dict:
     new_tokens = sum(r.new_tokens for r in group)
     seconds = sum(r.seconds for r in group)
     rounds = [t for r in group for t in r.tokens_per_round]
+    draftable = None
+    if max_new_tokens is not None:
+        draftable = [limit for r in group for limit in round_draft_limits(r, max_new_tokens)]
+    checked = [r.matches_plain for r in group if r.matches_plain is not None]
     return {
         "generations": len(group),
         "new_tokens": new_tokens,
@@ -255,13 +313,19 @@ def _aggregate(group: list[GenerationRecord]) -> dict:
         "tokens_per_second": new_tokens / seconds if seconds else 0.0,
         "tau": sum(rounds) / len(rounds) if rounds else None,
         "rounds": len(rounds),
-        "acceptance_by_position": acceptance_by_position(rounds) if rounds else [],
-        "greedy_mismatches": sum(1 for r in group if r.matches_plain is False),
+        "acceptance_by_position": acceptance_by_position(rounds, max_positions, draftable) if rounds else [],
+        "greedy_mismatches": checked.count(False) if checked else None,  # None: no output compared (T > 0)
     }
 
 
-def summarize(records: list[GenerationRecord]) -> dict:
-    """Per (dataset, temperature, method) and per MT-bench category: tau, tokens/s, speedup, acceptance."""
+def summarize(records: list[GenerationRecord], max_new_tokens: int | None = None, tree=None) -> dict:
+    """Per (dataset, temperature, method) and per MT-bench category: tau, tokens/s, speedup, acceptance.
+
+    tau is the reference's: new tokens per round, so a last round cut short by `max_new_tokens` counts with the
+    tokens it emitted. Acceptance by position leaves out the positions such a round could not draft when
+    `max_new_tokens` (the run's) is given, and ends at each method's deepest draft position when `tree` (the run's
+    `TreeSettings`, `lookup_tokens` the `"tree_lookup"` method's; sampled trees at temperature > 0) is given.
+    """
     groups: dict[tuple, list[GenerationRecord]] = defaultdict(list)
     for record in records:
         groups[(record.dataset, record.temperature, record.method)].append(record)
@@ -269,7 +333,13 @@ def summarize(records: list[GenerationRecord]) -> dict:
             groups[(f"mt_bench/{record.category}", record.temperature, record.method)].append(record)
     rows = []
     for (dataset, temperature, method), group in sorted(groups.items()):
-        row = {"dataset": dataset, "temperature": temperature, "method": method, **_aggregate(group)}
+        deepest = deepest_draft_positions(tree, temperature > 0).get(method) if tree is not None else None
+        row = {
+            "dataset": dataset,
+            "temperature": temperature,
+            "method": method,
+            **_aggregate(group, max_new_tokens, deepest),
+        }
         plain = groups.get((dataset, temperature, "plain"))
         plain_speed = _aggregate(plain)["tokens_per_second"] if plain else 0.0
         row["speedup"] = row["tokens_per_second"] / plain_speed if plain_speed else None

@@ -80,6 +80,19 @@ def _check_path(tree: DraftTree, path: Sequence[int]) -> list[int]:
     return path
 
 
+def lookup_nodes(tree: DraftTree) -> torch.BoolTensor:
+    """`(N,)` True for the prompt-lookup nodes grafted onto `tree` (`tree.graft_chain` / `tree.append_chain`).
+
+    In a sampled tree they are the nodes below the root that were not drawn (`tree.sampled` False). Otherwise they
+    are the nodes below the root with score exactly 0, which grafting gives them: a head node scores its cumulative
+    draft log-probability, below 0 unless the head put probability 1.0 (in float32) on every token of its path.
+    """
+    below_root = tree.parents >= 0
+    if tree.sampled is not None:
+        return below_root & ~tree.sampled
+    return below_root & (tree.scores == 0)
+
+
 def plot_draft_tree(
     tree: DraftTree,
     tokenizer: Any = None,
@@ -99,7 +112,8 @@ def plot_draft_tree(
             `output.accepted_paths[i]`; drawn in green.
         ax (`matplotlib.axes.Axes`, *optional*): where to draw; a new figure sized to the tree by default.
         show_scores (`bool`, defaults to `True`): write each node's cumulative draft probability (`exp(score)`)
-            under its token; the tree keeps the nodes with the highest ones.
+            under its token; the tree keeps the nodes with the highest ones. Grafted prompt-lookup nodes
+            (`lookup_nodes`), which no draft probability ranks, read "lookup" instead.
         max_label_chars (`int`, defaults to 12): longer token texts are cut.
         title (`str`, *optional*): the axes title.
 
@@ -126,10 +140,11 @@ def plot_draft_tree(
             zorder=1,
         )
     scores = tree.scores.float().exp().tolist()
+    lookup = lookup_nodes(tree).tolist()
     for node, token in enumerate(tree.tokens.tolist()):
         label = token_label(tokenizer, token, max_label_chars)
         if show_scores and node > 0:
-            label += f"\n{scores[node]:.2f}"
+            label += "\nlookup" if lookup[node] else f"\n{scores[node]:.2f}"
         face = ROOT_COLOR if node == 0 else ACCEPTED_COLOR if node in on_path else DRAFT_COLOR
         edge = ACCEPTED_EDGE_COLOR if node in on_path else DRAFT_EDGE_COLOR
         x, y = positions[node].tolist()
@@ -221,4 +236,4 @@ def plot_log_history(
     return ax
 
 
-__all__ = ["log_history_series", "plot_draft_tree", "plot_log_history", "token_label", "tree_layout"]
+__all__ = ["log_history_series", "lookup_nodes", "plot_draft_tree", "plot_log_history", "token_label", "tree_layout"]

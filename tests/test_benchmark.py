@@ -7,7 +7,9 @@ from eagle3_hf.bench_report import markdown_table, write_report
 from eagle3_hf.benchmark import (
     GenerationRecord,
     acceptance_by_position,
+    deepest_draft_positions,
     record_rounds,
+    round_draft_limits,
     summarize,
     timed_generate,
     tokens_per_round,
@@ -18,6 +20,17 @@ def test_tokens_per_round_from_cache_lengths():
     # prefill at 0; prompt of 5; rounds commit 3, 1, 2 tokens; final sequence 5 + 1 + 3 + 1 + 2 = 12
     assert tokens_per_round([0, 5, 8, 9], 12) == [3, 1, 2]
     assert tokens_per_round([0], 6) == []
+
+
+def test_prompt_lookup_rounds_keep_the_tokens_of_its_first_forward(tiny_target):
+    # prompt lookup drafts in its first forward: 46 - 36 + 1 = 11 tokens, the prefill's 1 and a round of 10
+    assert tokens_per_round([0, 46, 57], 60, prompt_length=36) == [10, 11, 2]
+    assert tokens_per_round([0, 36, 40], 43, prompt_length=36) == [4, 2]  # a plain prefill: 1 token
+    assert tokens_per_round([0], 40, prompt_length=36) == [3]
+    ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
+    for method in ("prompt_lookup", "plain"):
+        new_ids, _, rounds = timed_generate(tiny_target, ids, method, 0.0, 12)
+        assert sum(rounds) == len(new_ids) - 1
 
 
 def test_plain_generate_has_one_token_per_round(tiny_target):
@@ -39,8 +52,46 @@ def test_acceptance_by_position():
     assert acceptance_by_position([1, 2, 3, 3]) == pytest.approx([0.75, 2 / 3, 0.0])
 
 
-def _record(method, tokens, seconds, rounds, category="writing", dataset="mt_bench", match=True):
-    return GenerationRecord(dataset, "1", category, 0, method, 0.0, 10, tokens, seconds, rounds, match)
+def _record(method, tokens, seconds, rounds, category="writing", dataset="mt_bench", match=True, temperature=0.0):
+    return GenerationRecord(dataset, "1", category, 0, method, temperature, 10, tokens, seconds, rounds, match)
+
+
+def test_acceptance_ends_at_the_deepest_draft_and_skips_positions_cut_by_max_new_tokens():
+    from eagle3_hf.generation.decoding import TreeSettings
+
+    tree = TreeSettings(total_tokens=8, depth=3, top_k=4, lookup_tokens=4)
+    # perfect drafts, max_new_tokens 30: 1 (prefill) + 7 * 4 = 29, the last round could draft nothing
+    records = [_record(m, 30, 1.0, [4] * 7 + [1]) for m in ("plain", "tree", "tree_lookup")]
+    records.append(_record("chain", 20, 1.0, [6, 6, 6, 1]))  # 1 + 18: one token left, nothing drafted
+    records.append(_record("prompt_lookup", 30, 1.0, [11, 11, 7]))  # 1 + 22, then 6 drafted of 7 left
+    rows = {r["method"]: r for r in summarize(records, max_new_tokens=30, tree=tree)["rows"]}
+    assert rows["tree"]["acceptance_by_position"] == [1.0, 1.0, 1.0]
+    assert rows["tree"]["tau"] == pytest.approx(29 / 8)  # tau keeps the reference's definition
+    assert rows["tree_lookup"]["acceptance_by_position"] == [1.0, 1.0, 1.0, 0.0]  # the chain reaches 4
+    assert rows["prompt_lookup"]["acceptance_by_position"] == [1.0] * 10
+    records = [_record("chain", 20, 1.0, [6, 6, 6, 1])]
+    assert summarize(records, max_new_tokens=20, tree=tree)["rows"][0]["acceptance_by_position"] == [1.0] * 5
+    sampled = {"tree_lookup": 3, "tree": 3, "chain": 5, "prompt_lookup": 10}
+    assert deepest_draft_positions(tree, sampled=True) == sampled  # a sampled tree's chain: (8 - 1) // 2 nodes
+    # round limits: 1 token at the prefill, then what each round committed
+    assert round_draft_limits(_record("tree", 10, 1.0, [4, 4, 1]), 10) == [8, 4, 0]
+
+
+def test_greedy_mismatches_are_unknown_where_no_output_is_compared():
+    records = [
+        _record(m, 10, 1.0, [1] * 9, dataset="humaneval", match=None, temperature=1.0) for m in ("plain", "tree")
+    ]
+    rows = summarize(records)["rows"]
+    assert [r["greedy_mismatches"] for r in rows] == [None, None]
+    assert "| humaneval | 1 | tree | 1.00 | 10.0 | 1.00x | - | 1 |" in markdown_table({"rows": rows})
+
+
+def test_bench_command_records_the_arguments_of_both_entry_points(monkeypatch):
+    from eagle3_hf.commands.bench import bench_command
+
+    monkeypatch.setattr("sys.argv", ["/x/eagle3_hf/commands/bench.py", "--limit", "8", "--temperatures", "0"])
+    assert bench_command(None) == "eagle3-hf bench --limit 8 --temperatures 0"  # python -m eagle3_hf.commands.bench
+    assert bench_command(["--limit", "8"]) == "eagle3-hf bench --limit 8"  # eagle3-hf bench (cli passes argv)
 
 
 def test_summary_speedup_tau_and_categories(tmp_path):

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from eagle3_hf.bench_data import EvalPrompt
 from eagle3_hf.commands.tune import save_tree_settings, sweep, valid_shapes
 
@@ -10,6 +12,18 @@ def test_valid_shapes_drop_trees_that_cannot_be_filled():
     shapes = valid_shapes([4, 40], [2, 3], [2])
     assert (4, 2, 2) in shapes and (4, 3, 2) in shapes
     assert (40, 2, 2) not in shapes  # 2 + 1 * 4 = 6 candidates at most
+
+
+def test_valid_shapes_count_the_root_and_need_the_depth():
+    assert (7, 2, 2) in valid_shapes([7], [2], [2])  # root + 2 + 1 * 4 = TreeSettings(7, 2, 2).max_nodes
+    assert valid_shapes([3, 4], [3], [2]) == [(4, 3, 2)]  # 3 nodes with the root reach depth 2 only
+
+
+def test_tune_without_valid_shapes_names_the_grid():
+    from eagle3_hf.commands.tune import main
+
+    with pytest.raises(SystemExit, match=r"--total-tokens \[40\] --depth \[2\] --top-k \[2\]"):
+        main(["--total-tokens", "40", "--depth", "2", "--top-k", "2"])
 
 
 def test_sweep_measures_every_shape_fastest_first(tiny_target, tiny_draft):

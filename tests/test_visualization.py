@@ -19,6 +19,7 @@ from eagle3_hf.visualization import (  # noqa: E402
     DRAFT_COLOR,
     ROOT_COLOR,
     log_history_series,
+    lookup_nodes,
     plot_draft_tree,
     plot_log_history,
     token_label,
@@ -113,6 +114,19 @@ class TestPlotDraftTree:
         boxes = node_boxes(ax)
         assert [boxes[n].get_text() for n in range(3)] == ["7", "8", "9"]
         assert {mcolors.to_hex(boxes[n].get_bbox_patch().get_facecolor()) for n in (1, 2)} == {DRAFT_COLOR}
+
+    def test_grafted_lookup_nodes_are_labelled_lookup(self):
+        from eagle3_hf.generation.tree import append_chain, graft_chain
+
+        tree = make_tree([-1, 0, 0, 1], [0, 1, 2, 3])
+        grafted = graft_chain(tree, torch.tensor([1, 5, 4]))  # follows node 1, then two new nodes of score 0
+        boxes = node_boxes(plot_draft_tree(grafted, CharTokenizer()))
+        labels = [boxes[n].get_text().split("\n")[1] for n in range(1, grafted.num_nodes)]
+        assert labels == [f"{torch.tensor(-0.5).exp():.2f}", "lookup", "lookup"]
+        fields = (tree.tokens, tree.parents, tree.depths, tree.ancestors, tree.scores)
+        sampled = DraftTree(*fields, sampled=torch.tensor([False, True, True, True]))
+        appended = append_chain(sampled, torch.tensor([7]))
+        assert lookup_nodes(appended).tolist() == [False, False, False, False, True]
 
     @pytest.mark.parametrize("path", [[1, 3], [0, 2, 3], [0, 9], []])
     def test_rejects_a_path_that_is_not_in_the_tree(self, path):

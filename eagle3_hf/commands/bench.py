@@ -76,6 +76,22 @@ def pack_for_methods(target, draft, args) -> str:
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 
 
+def bench_tree_settings(draft, args):
+    """The run's tree settings, `lookup_tokens` the `tree_lookup` method's (`summarize` ends each method's
+    acceptance by position at its deepest draft position)."""
+    from ..benchmark import resolve_tree_lookup_tokens
+    from ..generation.decoding import resolve_tree_settings
+
+    lookup = resolve_tree_lookup_tokens(draft, args.tree_lookup_tokens)
+    return resolve_tree_settings(draft, args.tree_total_tokens, args.tree_depth, args.tree_top_k, lookup)
+
+
+def bench_command(argv: list[str] | None) -> str:
+    """The command line recorded in the report: `argv` from `eagle3-hf bench`, else (`python -m
+    eagle3_hf.commands.bench`) the process's arguments after the script."""
+    return "eagle3-hf bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
 def machine_description() -> str:
     import torch
 
@@ -117,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    summary = summarize(records)
-    command = "eagle3-hf bench " + shlex.join(sys.argv[2:] if argv is None else argv)
+    summary = summarize(records, args.max_new_tokens, bench_tree_settings(draft, args))
+    command = bench_command(argv)
     machine = f"{machine_description()}, {packing}"
     paths = write_report(summary, args.output_dir, machine, command, plots=not args.no_plots)
     print(markdown_table(summary))
     print("wrote " + ", ".join(str(p) for p in paths))
-    mismatches = sum(row["greedy_mismatches"] for row in summary["rows"] if "/" not in row["dataset"])
+    mismatches = sum(row["greedy_mismatches"] or 0 for row in summary["rows"] if "/" not in row["dataset"])
     if mismatches:
         print(f"ERROR: {mismatches} greedy outputs differ from plain generate", file=sys.stderr)
         return 1

@@ -104,10 +104,22 @@ def _pooled_tau(rows: list[dict]) -> float | None:
 
 
 def valid_shapes(total_tokens: list[int], depths: list[int], top_ks: list[int]) -> list[tuple[int, int, int]]:
-    """Shapes where the tree can be filled: `total_tokens <= top_k + depth * top_k**2` candidates exist."""
-    return [
-        (n, d, k) for n, d, k in itertools.product(total_tokens, depths, top_ks) if n <= k + (d - 1) * k * k and n >= d
+    """Shapes where the tree can be filled and reach its depth: `depth + 1 <= total_tokens <= max_nodes`, both
+    counting the root (`TreeSettings.max_nodes = 1 + top_k + (depth - 1) * top_k**2`; a tree of fewer than
+    `depth + 1` nodes is a shallower shape). Raises `ValueError`, naming the grid, when no shape is left."""
+    from ..generation.decoding import TreeSettings
+
+    shapes = [
+        (n, d, k)
+        for n, d, k in itertools.product(total_tokens, depths, top_ks)
+        if d + 1 <= n <= TreeSettings(n, d, k).max_nodes
     ]
+    if not shapes:
+        raise ValueError(
+            f"No valid tree shape in --total-tokens {total_tokens} --depth {depths} --top-k {top_ks}: each shape "
+            "needs depth + 1 <= total_tokens <= 1 + top_k + (depth - 1) * top_k**2 (nodes, root included)."
+        )
+    return shapes
 
 
 def save_tree_settings(head_dir: Path, settings: dict) -> None:
@@ -129,10 +141,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if min(args.lookup_tokens) < 0:
         raise SystemExit(f"--lookup-tokens must be non-negative, got {args.lookup_tokens}.")
+    try:
+        shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     prompts = load_prompts(args.datasets, args.limit, num_turns=1, offset=args.offset)
     if not prompts:
         raise SystemExit(f"--offset {args.offset} skips every prompt of {args.datasets}.")
-    shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
     shapes = [(*shape, lookup_tokens) for shape in shapes for lookup_tokens in args.lookup_tokens]
     target, tokenizer, draft = load_default_pair(args.head)
     print(pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights))
