@@ -77,7 +77,9 @@ def tokens_per_round(cache_lengths: list[int], final_length: int, prompt_length:
     starts = cache_lengths[1:]
     ends = starts[1:] + [final_length - 1]
     rounds = [end - start for start, end in zip(starts, ends)]
-    first = (starts[0] if starts else final_length - 1) - prompt_length + 1 if prompt_length is not None else 1
+    if prompt_length is None:
+        return rounds
+    first = (starts[0] if starts else final_length - 1) - prompt_length + 1  # tokens the first forward committed
     return [first - 1, *rounds] if first > 1 else rounds
 
 
@@ -280,19 +282,18 @@ def deepest_draft_positions(tree, sampled: bool) -> dict[str, int]:
     """The deepest draft position of every method (`TREE_METHODS` and prompt lookup) for the tree settings `tree`
     (a `TreeSettings` whose `lookup_tokens` is the `"tree_lookup"` method's), `sampled` when the tree is sampled.
 
-    The tree reaches `depth` (at most `total_tokens - 1` nodes deep); `"tree_lookup"` also grafts a prompt-lookup
-    chain from the root, as long as `lookup_tokens`, cut to the tree's other nodes (`graft_chain`) or, in a sampled
-    tree, to `(total_tokens - 1) // 2` (`_TreeDecoder._draft_tree` in `generation/decoding.py`).
+    The tree reaches `depth` (at most `total_tokens - 1` nodes deep); `"tree_lookup"` also adds a prompt-lookup
+    chain from the root, as long as `lookup_tokens` but no longer than the tree has room for
+    (`TreeSettings.lookup_room`).
     """
     from .generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
 
     tree_depth = min(tree.depth, tree.total_tokens - 1)
-    chain_room = (tree.total_tokens - 1) // 2 if sampled else tree.total_tokens - 1
     return {
         "prompt_lookup": PROMPT_LOOKUP_NUM_TOKENS,
         "chain": DEFAULT_NUM_ASSISTANT_TOKENS,
         "tree": tree_depth,
-        "tree_lookup": max(tree_depth, min(tree.lookup_tokens, chain_room)),
+        "tree_lookup": max(tree_depth, min(tree.lookup_tokens, tree.lookup_room(sampled))),
     }
 
 

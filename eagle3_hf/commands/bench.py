@@ -57,28 +57,26 @@ def tree_kwargs_from_args(args) -> dict:
     return {name: value for name, value in names.items() if value is not None}
 
 
-def pack_for_methods(target, draft, args) -> str:
+def pack_for_methods(target, draft, args, tree) -> str:
     """Pack the weights for the rows every benchmarked method verifies, so that no method is measured with a
     slower kernel than another: the tree's nodes, the head's frontier and accepted paths, chain mode's chain + 1
-    and every prompt-lookup length (2 to `prompt_lookup_num_tokens + 1`)."""
+    and every prompt-lookup length (2 to `prompt_lookup_num_tokens + 1`). `tree`: `bench_tree_settings`."""
     from ..cpu_packing import pack_for_decoding, rows_for_tree
     from ..generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
-    from ..generation.decoding import resolve_tree_settings
 
-    tree = resolve_tree_settings(draft, args.tree_total_tokens, args.tree_depth, args.tree_top_k)
     target_rows, draft_rows = rows_for_tree(tree.total_tokens, tree.depth, tree.top_k)
     if "chain" in args.methods:
         target_rows.append(DEFAULT_NUM_ASSISTANT_TOKENS + 1)
     if "prompt_lookup" in args.methods:
         target_rows.extend(range(2, PROMPT_LOOKUP_NUM_TOKENS + 2))
     if "tree_lookup" in args.methods:  # same tree size; the head re-encodes accepted paths up to the chain's length
-        draft_rows.extend(range(2, args.tree_lookup_tokens + 2))
+        draft_rows.extend(range(2, tree.lookup_tokens + 2))
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 
 
 def bench_tree_settings(draft, args):
-    """The run's tree settings, `lookup_tokens` the `tree_lookup` method's (`summarize` ends each method's
-    acceptance by position at its deepest draft position)."""
+    """The run's tree settings, `lookup_tokens` the `tree_lookup` method's: resolved once, for the packed rows,
+    every generate call and `summarize` (which ends each method's acceptance by position at its deepest draft)."""
     from ..benchmark import resolve_tree_lookup_tokens
     from ..generation.decoding import resolve_tree_settings
 
@@ -110,15 +108,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..bench_data import load_prompts
     from ..bench_report import markdown_table, write_report
-    from ..benchmark import resolve_tree_lookup_tokens, run_benchmark, summarize
+    from ..benchmark import run_benchmark, summarize
     from ..defaults import load_default_pair
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer, draft = load_default_pair(args.head)
-    if "tree_lookup" in args.methods:  # resolved once, for the packed rows and for every generate call
-        args.tree_lookup_tokens = resolve_tree_lookup_tokens(draft, args.tree_lookup_tokens)
-    packing = pack_for_methods(target, draft, args)
+    tree = bench_tree_settings(draft, args)
+    if "tree_lookup" in args.methods:  # every generate call grafts what the packed rows and the summary assume
+        args.tree_lookup_tokens = tree.lookup_tokens
+    packing = pack_for_methods(target, draft, args, tree)
     print(f"target and head: {packing}")
     prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns, offset=args.offset)
     records = run_benchmark(
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    summary = summarize(records, args.max_new_tokens, bench_tree_settings(draft, args))
+    summary = summarize(records, args.max_new_tokens, tree)
     command = bench_command(argv)
     machine = f"{machine_description()}, {packing}"
     paths = write_report(summary, args.output_dir, machine, command, plots=not args.no_plots)

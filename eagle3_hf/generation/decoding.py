@@ -63,6 +63,11 @@ class TreeSettings:
         """The most nodes a tree of this depth and width can hold: `1 + top_k + (depth - 1) * top_k**2`."""
         return 1 + self.top_k + (self.depth - 1) * self.top_k**2
 
+    def lookup_room(self, sampled: bool) -> int:
+        """The most prompt-lookup tokens one tree holds: grafted onto a top-k tree, every node but the root; appended
+        to a sampled tree, at most half of them (`(total_tokens - 1) // 2`; see `_TreeDecoder._draft_tree`)."""
+        return (self.total_tokens - 1) // 2 if sampled else self.total_tokens - 1
+
 
 # Chosen with scripts/measure_round_overhead.py on SmolLM2-135M, 2-core CPU (docs/decoding.md): there a 16-node
 # verification costs 2x a plain step and every draft level a head forward, so the cheapest tree that still branches
@@ -366,7 +371,7 @@ class _TreeDecoder:
             temperature = self.config.temperature or 1.0
             # at most half the tree goes to the chain: with 8 nodes and 6 lookup tokens at temperature 1, a chain
             # capped at 3 gave tau 1.92 / 1.87 on HumanEval / MT-bench, against 1.87 / 1.84 uncapped
-            chain_length = 0 if chain is None else min(chain.numel(), (num_nodes - 1) // 2)
+            chain_length = 0 if chain is None else min(chain.numel(), self.settings.lookup_room(sampled=True))
             tree = self.drafter.grow_sampled(root, depth, num_nodes - chain_length, temperature)
             tree = tree if chain is None else append_chain(tree, chain[:chain_length])
             return tree.to(self.model.device)
