@@ -80,18 +80,10 @@ def load_sharegpt_heldout(
 
 def _first_user_turns(stop: int, source="sharegpt") -> set[str]:
     """The stripped first user turns of `source`'s records before index `stop` (malformed records are skipped)."""
-    from .data import iter_records, normalize_messages
+    from .data import first_user_turn, iter_records
 
-    turns = set()
-    for _, record in iter_records(source, limit=stop):
-        try:
-            messages = normalize_messages(record)
-        except ValueError:
-            continue
-        first = next((message["content"] for message in messages if message["role"] == "user"), None)
-        if first is not None:
-            turns.add(first.strip())
-    return turns
+    turns = (first_user_turn(record) for _, record in iter_records(source, limit=stop))
+    return {turn.strip() for turn in turns if turn is not None}
 
 
 DATASETS = {"mt_bench": load_mt_bench, "humaneval": load_human_eval, "sharegpt": load_sharegpt_heldout}

@@ -261,6 +261,16 @@ def _text_content(content: Any) -> str | None:
     return "".join(texts)
 
 
+def first_user_turn(record: Any) -> str | None:
+    """The content of a record's first user turn (after `normalize_messages`); None for a malformed record or one
+    without a user turn."""
+    try:
+        messages = normalize_messages(record)
+    except ValueError:
+        return None
+    return next((message["content"] for message in messages if message["role"] == "user"), None)
+
+
 def training_messages(record: Any, system_prompt: str | None = None) -> list[dict[str, str]]:
     """`normalize_messages` minus trailing non-assistant turns; `[]` when nothing is left to learn."""
     messages = normalize_messages(record)

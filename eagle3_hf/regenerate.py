@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from .data import iter_records, normalize_messages
+from .data import first_user_turn, iter_records, normalize_messages
 
 
 logger = logging.getLogger(__name__)
@@ -103,19 +103,11 @@ def _completed_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
                 index = int(record["index"])
             except (ValueError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{number} is not a regeneration record with an 'index': {error}") from error
-            done[index] = {"model": record.get("model"), "user": _first_user_turn(record)}
+            done[index] = {"model": record.get("model"), "user": first_user_turn(record)}
             complete_bytes += len(line)
     if complete_bytes != path.stat().st_size:
         os.truncate(path, complete_bytes)
     return done
-
-
-def _first_user_turn(record: Any) -> str | None:
-    try:
-        messages = normalize_messages(record)
-    except ValueError:
-        return None
-    return next((message["content"] for message in messages if message["role"] == "user"), None)
 
 
 def _mixed_output_error(path: str | os.PathLike, field: str, written: Any, current: Any) -> ValueError:
@@ -278,7 +270,7 @@ def regenerate(
     conversations = []
     for index, record in iter_records(source, offset, limit):
         if index in done:
-            if done[index]["user"] != (user := _first_user_turn(record)):
+            if done[index]["user"] != (user := first_user_turn(record)):
                 field = f"data source (the first user turn in 'messages' at index {index})"
                 raise _mixed_output_error(output_path, field, done[index]["user"], user)
             stats.skipped_done += 1
