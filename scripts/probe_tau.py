@@ -14,9 +14,9 @@ import argparse
 import torch
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.assets import load_smollm2
-from eagle3_hf.bench_data import load_prompts
-from eagle3_hf.vocab import load_draft_vocab
+from eagle3_hf.bench.prompts import load_prompts
+from eagle3_hf.loading import load_target
+from eagle3_hf.training.vocab import load_draft_vocab
 
 
 def probe(target, tokenizer, draft, prompts, max_new_tokens: int, tree_kwargs: dict) -> float:
@@ -55,7 +55,7 @@ def main() -> None:
     total, depth, top_k = (int(value) for value in args.shape.split("x"))
     tree_kwargs = {"tree_total_tokens": total, "tree_depth": depth, "tree_top_k": top_k}
     tree_kwargs["tree_lookup_tokens"] = args.lookup_tokens
-    target, tokenizer = load_smollm2()
+    target, tokenizer = load_target()
     prompts = {name: load_prompts([name], args.limit, num_turns=1, offset=args.offset) for name in args.datasets}
     for head in args.heads:
         draft = Eagle3DraftModel.from_pretrained(head, target=target).float().eval()

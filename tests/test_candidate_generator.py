@@ -10,14 +10,10 @@ from transformers.generation.utils import _speculative_sampling
 
 from eagle3_hf import Eagle3DraftModel
 from eagle3_hf.generation import original_generate  # the stock generate, without the package's wrapper
-from eagle3_hf.generation.candidate_generator import (
-    DEFAULT_NUM_ASSISTANT_TOKENS,
-    Eagle3CandidateGenerator,
-    chain_mode,
-)
+from eagle3_hf.generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS, Eagle3CandidateGenerator, chain_mode
 from eagle3_hf.modeling_eagle3 import Eagle3DraftOutput
 from eagle3_hf.target import gather_target_features
-from eagle3_hf.vocab import maps_from_token_ids
+from eagle3_hf.vocab_maps import maps_from_token_ids
 
 from .conftest import make_tiny_target
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.cpu_packing import (
+from eagle3_hf.generation.cpu_packing import (
     MklPackedLinear,
     mkl_packing_available,
     pack_linear_weights,
@@ -86,7 +86,7 @@ def test_tree_decoding_on_packed_models_equals_plain_generate():
 
 
 def test_rows_for_tree_and_pack_for_decoding_modes():
-    from eagle3_hf.cpu_packing import pack_for_decoding, rows_for_tree, rows_for_trees
+    from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_tree, rows_for_trees
 
     assert rows_for_tree(8, 3, 4) == ([8], [2, 3, 4])
     assert rows_for_tree(1, 0, 1) == ([], [])
@@ -107,7 +107,7 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
 
 
 def test_packing_would_help_until_the_tree_size_is_packed():
-    from eagle3_hf.cpu_packing import is_packed_for, packing_would_help
+    from eagle3_hf.generation.cpu_packing import is_packed_for, packing_would_help
 
     target = make_tiny_target()
     assert packing_would_help(target, 8) and not packing_would_help(target, 1)
@@ -120,6 +120,6 @@ def test_packing_would_help_until_the_tree_size_is_packed():
 
 def test_the_commands_offer_the_pack_modes_pack_for_decoding_takes():
     from eagle3_hf.commands import PACK_WEIGHTS_MODES
-    from eagle3_hf.cpu_packing import PACK_MODES
+    from eagle3_hf.generation.cpu_packing import PACK_MODES
 
     assert PACK_WEIGHTS_MODES == PACK_MODES

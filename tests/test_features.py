@@ -4,9 +4,9 @@ import re
 import pytest
 import torch
 
-from eagle3_hf import features as features_module
-from eagle3_hf.data import DataCollatorForEagle3
-from eagle3_hf.features import (
+from eagle3_hf.training import features as features_module
+from eagle3_hf.training.data import DataCollatorForEagle3
+from eagle3_hf.training.features import (
     MANIFEST_FILE,
     CachedFeatureDataset,
     FeatureCache,
@@ -16,7 +16,7 @@ from eagle3_hf.features import (
     plan_feature_cache,
     target_logits_from_final_hidden,
 )
-from eagle3_hf.trainer import Eagle3Trainer
+from eagle3_hf.training.trainer import Eagle3Trainer
 
 from .conftest import make_tiny_target
 from .test_trainer import make_args, make_dataset, make_draft, make_sharp_target

@@ -4,8 +4,8 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.generation.gqa_attention import GROUPED_SDPA, use_grouped_sdpa
 from eagle3_hf.generation.tree import additive_mask
-from eagle3_hf.gqa_attention import GROUPED_SDPA, use_grouped_sdpa
 
 from .conftest import make_tiny_target
 

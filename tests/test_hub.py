@@ -14,11 +14,11 @@ from huggingface_hub.constants import is_offline_mode
 from transformers import PreTrainedModel
 
 from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.checkpoints.hub import FORMATS, STALE_FILE_PATTERNS, prepare_upload_folder, push_to_hub
+from eagle3_hf.checkpoints.model_card import create_or_update_model_card
+from eagle3_hf.checkpoints.writing import save_in_dialect
 from eagle3_hf.cli import main as cli_main
 from eagle3_hf.commands import push as push_command
-from eagle3_hf.conversion import save_in_dialect
-from eagle3_hf.hub import FORMATS, STALE_FILE_PATTERNS, prepare_upload_folder, push_to_hub
-from eagle3_hf.model_card import create_or_update_model_card
 
 from .conftest import make_tiny_target
 from .test_model_card import RESULTS, TRAINING, section
@@ -99,7 +99,7 @@ class FakeHub:
 @pytest.fixture
 def fake_hub(monkeypatch):
     hub = FakeHub()
-    monkeypatch.setattr("eagle3_hf.hub.HfApi", hub.api_class)
+    monkeypatch.setattr("eagle3_hf.checkpoints.hub.HfApi", hub.api_class)
     return hub
 
 
@@ -197,7 +197,7 @@ class TestPushToHub:
     def test_the_card_on_the_hub_is_updated_not_replaced(self, draft, monkeypatch):
         remote = "---\nlanguage: en\ntags:\n- mine\n---\n\n# Hub card\n\nEdited on the Hub.\n"
         hub = FakeHub(remote_card=remote)
-        monkeypatch.setattr("eagle3_hf.hub.HfApi", hub.api_class)
+        monkeypatch.setattr("eagle3_hf.checkpoints.hub.HfApi", hub.api_class)
         push_to_hub(draft, "me/smol-eagle3", format="speculators", revision="dev", commit_message="v2")
         hub.api.create_branch.assert_called_once_with("me/smol-eagle3", branch="dev", exist_ok=True, repo_type="model")
         assert hub.api.hf_hub_download.call_args.kwargs["revision"] == "dev"
@@ -224,7 +224,7 @@ class TestPushToHub:
         Eagle3DraftModel.push_to_hub is PreTrainedModel.push_to_hub,
         strict=True,
         raises=AssertionError,
-        reason="Eagle3DraftModel.push_to_hub does not route to eagle3_hf.hub.push_to_hub yet (modeling_eagle3.py)",
+        reason="Eagle3DraftModel.push_to_hub does not route to eagle3_hf.checkpoints.hub.push_to_hub yet (modeling_eagle3.py)",
     )
     def test_the_model_method_uploads_our_card(self, draft, fake_hub, monkeypatch):
         # Transformers' own push (a generic card, overwriting ours) must not run, nor reach the network.
@@ -247,7 +247,9 @@ class TestPushToHub:
 
 class TestPushCommand:
     def test_dry_run_prints_the_files_and_the_card(self, head_folder, capsys, monkeypatch):
-        monkeypatch.setattr("eagle3_hf.hub.HfApi", MagicMock(side_effect=AssertionError("a dry run calls no Hub API")))
+        monkeypatch.setattr(
+            "eagle3_hf.checkpoints.hub.HfApi", MagicMock(side_effect=AssertionError("a dry run calls no Hub API"))
+        )
         assert cli_main(["push", str(head_folder), "me/smol-eagle3", "--dry-run", "--format", "eagle"]) == 0
         out = capsys.readouterr().out
         assert "would upload 3 files to https://huggingface.co/me/smol-eagle3 (eagle):" in out

@@ -152,9 +152,9 @@ CHAT_PROMPTS = [
 
 @pytest.mark.real_model
 def test_smollm2_greedy_equals_plain_generate():
-    from eagle3_hf.assets import load_smollm2
+    from eagle3_hf.loading import load_target
 
-    target, tokenizer = load_smollm2()
+    target, tokenizer = load_target()
     draft = Eagle3DraftModel.from_target(target)
     for text in CHAT_PROMPTS:
         ids = tokenizer.apply_chat_template(

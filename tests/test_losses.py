@@ -4,8 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle3_hf.losses import (
-    additive_attention_mask,
+from eagle3_hf.training.losses import (
     chain_acceptance_lengths,
     feature_regression_per_position,
     shift_left,
@@ -75,11 +74,6 @@ class TestAttentionMask:
         )
         assert torch.equal(mask, expected)
         assert mask.any(-1).all()
-
-    def test_additive_mask(self):
-        mask = torch.tensor([[True, False]])
-        additive = additive_attention_mask(mask, torch.float32)
-        assert additive.tolist() == [[0.0, torch.finfo(torch.float32).min]]
 
 
 class TestLoss:

@@ -8,11 +8,7 @@ import transformers
 from huggingface_hub import ModelCard
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.model_card import (
-    EAGLE3_CITATION,
-    create_or_update_model_card,
-    write_model_card,
-)
+from eagle3_hf.checkpoints.model_card import EAGLE3_CITATION, create_or_update_model_card, write_model_card
 
 from .conftest import make_tiny_target
 
@@ -31,7 +27,7 @@ TRAINING = {
 
 
 def bench_row(dataset: str, method: str, tau: float | None, tokens_per_second: float, speedup: float) -> dict:
-    """A row as `eagle3_hf.benchmark.summarize` writes it."""
+    """A row as `eagle3_hf.bench.measure.summarize` writes it."""
     return dict(
         dataset=dataset,
         temperature=0.0,
@@ -147,7 +143,7 @@ class TestCreate:
 
     @pytest.mark.parametrize("dialect", ["sglang", "speculators", "eagle"])
     def test_format_and_config_are_detected_from_the_folder(self, draft, tmp_path, dialect):
-        from eagle3_hf.conversion import save_in_dialect
+        from eagle3_hf.checkpoints.writing import save_in_dialect
 
         save_in_dialect(draft, tmp_path / "head", dialect)
         card = create_or_update_model_card(tmp_path / "head")  # neither the model nor the format given

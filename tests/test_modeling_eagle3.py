@@ -3,7 +3,7 @@ import torch
 from transformers import AutoModel, Gemma3TextConfig, LlamaConfig, Qwen3Config
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.vocab import maps_from_token_ids
+from eagle3_hf.vocab_maps import maps_from_token_ids
 
 from .conftest import make_tiny_target
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from eagle3_hf.defaults import DEFAULT_HEAD_DIR
+from eagle3_hf.loading import DEFAULT_HEAD_DIR
 
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"

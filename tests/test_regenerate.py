@@ -8,14 +8,9 @@ import torch
 
 from eagle3_hf.assets import SMOLLM2_GGUF
 from eagle3_hf.commands import regenerate as regenerate_command
-from eagle3_hf.data import DataStats, build_training_dataset
-from eagle3_hf.regenerate import (
-    completed_indices,
-    generate_replies,
-    load_target,
-    make_generation_config,
-    regenerate,
-)
+from eagle3_hf.loading import load_target
+from eagle3_hf.training.data import DataStats, build_training_dataset
+from eagle3_hf.training.regenerate import completed_indices, generate_replies, make_generation_config, regenerate
 
 from .conftest import make_tiny_target
 from .test_data import make_chat_tokenizer
@@ -64,7 +59,7 @@ class TestCompletedIndices:
         path = tmp_path / "out.jsonl"
         complete = '{"index": 3, "messages": []}\n{"index": 7, "messages": []}\n'
         path.write_text(complete + '{"index": 9, "messa')
-        with caplog.at_level(logging.WARNING, logger="eagle3_hf.regenerate"):
+        with caplog.at_level(logging.WARNING, logger="eagle3_hf.training.regenerate"):
             assert completed_indices(path) == {3, 7}
         assert "partial last line 3" in caplog.text
         assert path.read_text() == complete
@@ -234,7 +229,7 @@ class TestRegenerate:
         tokenizer.save_pretrained(tmp_path / "model")
         (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SOURCE))
         argv = [
-            "--model",
+            "--target",
             str(tmp_path / "model"),
             "--data",
             str(tmp_path / "data.jsonl"),
@@ -242,7 +237,7 @@ class TestRegenerate:
             str(tmp_path / "out.jsonl"),
             "--max-new-tokens",
             "2",
-            "--limit",
+            "--data-limit",
             "3",
             "--device",
             "cpu",

@@ -8,7 +8,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModel
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.defaults import DEFAULT_HEAD_DIR
+from eagle3_hf.loading import DEFAULT_HEAD_DIR
 
 
 def test_shipped_head_loads_with_from_pretrained_and_auto_model():
@@ -41,7 +41,7 @@ def test_demo_command_runs(capsys):
     assert main(["--prompts", "Say hello.", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert "tau" in out and "speedup" in out and "greedy outputs identical" in out
-    from eagle3_hf.cpu_packing import mkl_packing_available
+    from eagle3_hf.generation.cpu_packing import mkl_packing_available
 
     assert ("MKL-packed weights" in out) == mkl_packing_available()  # --pack-weights auto on a float32 CPU target
 

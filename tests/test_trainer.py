@@ -11,9 +11,9 @@ from datasets import Dataset
 from safetensors import safe_open
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.data import DataCollatorForEagle3
-from eagle3_hf.trainer import Eagle3Trainer, unroll_training_time_test
-from eagle3_hf.training_args import Eagle3TrainingArguments
+from eagle3_hf.training.data import DataCollatorForEagle3
+from eagle3_hf.training.trainer import Eagle3Trainer, unroll_training_time_test
+from eagle3_hf.training.training_args import Eagle3TrainingArguments
 
 from .conftest import make_tiny_target
 
@@ -265,8 +265,8 @@ DDP_SCRIPT = """
 import json, sys, torch
 from datasets import Dataset
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.trainer import Eagle3Trainer
-from eagle3_hf.training_args import Eagle3TrainingArguments
+from eagle3_hf.training.trainer import Eagle3Trainer
+from eagle3_hf.training.training_args import Eagle3TrainingArguments
 from tests.test_trainer import make_args, make_dataset, make_draft, make_sharp_target
 
 out = sys.argv[1]
@@ -336,7 +336,7 @@ def test_train_command_saves_a_loadable_head(tmp_path, feature_mode):
             file.write(json.dumps({"conversations": turns}) + "\n")
     argv = [
         f"--target_model_name_or_path={target_dir}",
-        f"--dataset={tmp_path / 'chats.jsonl'}",
+        f"--data={tmp_path / 'chats.jsonl'}",
         f"--output_dir={output_dir}",
         "--draft_vocab_size=64",
         "--eval_samples=2",
@@ -373,7 +373,7 @@ def test_train_command_starts_from_the_target_and_can_freeze_lm_head(tmp_path):
         for i in range(6):
             turns = [{"from": "human", "value": f"w{i} w{i + 1}"}, {"from": "gpt", "value": f"w{i + 2} w{i + 3} w{i}"}]
             file.write(json.dumps({"conversations": turns}) + "\n")
-    argv = [f"--target_model_name_or_path={target_dir}", f"--dataset={tmp_path / 'chats.jsonl'}"]
+    argv = [f"--target_model_name_or_path={target_dir}", f"--data={tmp_path / 'chats.jsonl'}"]
     argv += [f"--output_dir={output_dir}", "--draft_vocab_size=64", "--max_steps=2", "--ttt_steps=2"]
     argv += ["--per_device_train_batch_size=2", "--learning_rate=1e-2", "--use_cpu", "--report_to=none"]
     argv += ["--disable_tqdm=true", "--freeze_lm_head=true", "--init_fc_from_top_feature=true", "--save_strategy=no"]
@@ -385,7 +385,8 @@ def test_train_command_starts_from_the_target_and_can_freeze_lm_head(tmp_path):
     assert not torch.allclose(fc_top, torch.eye(head.config.hidden_size))  # trained away from its start
 
     # Continuing that head with --draft_vocab_file switches it to another vocabulary, rows from the target.
-    from eagle3_hf.vocab import DraftVocab, maps_from_token_ids, save_draft_vocab
+    from eagle3_hf.training.vocab import DraftVocab, save_draft_vocab
+    from eagle3_hf.vocab_maps import maps_from_token_ids
 
     new_ids = torch.arange(20, 100)
     save_draft_vocab(DraftVocab(*maps_from_token_ids(new_ids, 128), torch.ones(128, dtype=torch.long)), tmp_path / "v")
@@ -426,12 +427,12 @@ def write_word_chats(path, count: int) -> None:
 def test_train_command_holds_out_a_seeded_random_eval_split(tmp_path):
     """Not the last rows: a regenerated file runs shortest prompt first, so those would be the longest prompts."""
     from eagle3_hf.commands.train import DataArguments, _datasets
-    from eagle3_hf.data import build_training_dataset
+    from eagle3_hf.training.data import build_training_dataset
 
     tokenizer = make_word_tokenizer()
     write_word_chats(tmp_path / "chats.jsonl", 12)
     rows = build_training_dataset(tmp_path / "chats.jsonl", tokenizer, overflow="drop")["input_ids"]
-    data_args = DataArguments(dataset=str(tmp_path / "chats.jsonl"), eval_samples=3)
+    data_args = DataArguments(data=str(tmp_path / "chats.jsonl"), eval_samples=3)
     train, evaluation = _datasets(data_args, make_args(tmp_path, seed=0), tokenizer)
     held_out = list(evaluation["input_ids"])
     assert len(held_out) == 3 and held_out != rows[-3:]
@@ -448,17 +449,17 @@ def test_train_command_reuses_a_vocab_file_and_never_overwrites_one_built_for_ot
 
     from eagle3_hf.commands import vocab as vocab_command
     from eagle3_hf.commands.train import main
-    from eagle3_hf.vocab import load_draft_vocab
+    from eagle3_hf.training.vocab import load_draft_vocab
 
     target_dir, vocab, other = tmp_path / "target", tmp_path / "vocab.safetensors", tmp_path / "other.safetensors"
     make_sharp_target().save_pretrained(target_dir)
     make_word_tokenizer().save_pretrained(target_dir)
     write_word_chats(tmp_path / "chats.jsonl", 6)
-    options = ["--data", str(tmp_path / "chats.jsonl"), "--tokenizer", str(target_dir), "--draft-vocab-size", "64"]
-    assert vocab_command.main([*options, "--output", str(vocab)]) == 0
-    assert vocab_command.main([*options, "--output", str(other), "--limit", "3"]) == 0
+    options = ["--data", str(tmp_path / "chats.jsonl"), "--target", str(target_dir), "--draft-vocab-size", "64"]
+    assert vocab_command.main([*options, "--draft-vocab-file", str(vocab)]) == 0
+    assert vocab_command.main([*options, "--draft-vocab-file", str(other), "--data-limit", "3"]) == 0
     built = {path: path.read_bytes() for path in (vocab, other)}
-    argv = [f"--target_model_name_or_path={target_dir}", f"--dataset={tmp_path / 'chats.jsonl'}"]
+    argv = [f"--target_model_name_or_path={target_dir}", f"--data={tmp_path / 'chats.jsonl'}"]
     argv += [f"--output_dir={tmp_path / 'head'}", "--draft_vocab_size=64", "--max_steps=1", "--ttt_steps=1"]
     argv += ["--use_cpu", "--report_to=none", "--disable_tqdm=true", "--save_strategy=no"]
 
@@ -471,7 +472,19 @@ def test_train_command_reuses_a_vocab_file_and_never_overwrites_one_built_for_ot
     assert main([*argv, f"--draft_vocab_file={tmp_path / 'new' / 'vocab.safetensors'}"]) == 0  # missing: built there
     assert load_draft_vocab(tmp_path / "new" / "vocab.safetensors").metadata == load_draft_vocab(vocab).metadata
 
-    # The command the error gives rebuilds the file for this data.
+    # The command the error gives builds this data's vocabulary next to the file, which it leaves alone.
     command = shlex.split(re.search(r"`(eagle3-hf vocab [^`]*)`", str(error.value)).group(1))
     assert vocab_command.main(command[2:]) == 0
-    assert load_draft_vocab(other).metadata == load_draft_vocab(vocab).metadata
+    rebuilt = tmp_path / "other-rebuilt.safetensors"
+    assert f"then pass --draft_vocab_file {rebuilt}" in str(error.value)
+    assert load_draft_vocab(rebuilt).metadata == load_draft_vocab(vocab).metadata
+    assert other.read_bytes() == built[other]
+    assert main([*argv, f"--draft_vocab_file={rebuilt}"]) == 0
+
+    # With --eval_samples the hint repeats the split (--eval_samples and --seed): train reuses what it builds.
+    with pytest.raises(ValueError, match="counted on the training split") as error:
+        main([*argv, f"--draft_vocab_file={other}", "--eval_samples=2", "--seed=3"])
+    command = shlex.split(re.search(r"`(eagle3-hf vocab [^`]*)`", str(error.value)).group(1))
+    assert "--eval_samples" in command and "--seed" in command
+    assert vocab_command.main(command[2:]) == 0
+    assert main([*argv, f"--draft_vocab_file={rebuilt}", "--eval_samples=2", "--seed=3"]) == 0

@@ -161,6 +161,9 @@ def test_additive_mask_is_float_with_dtype_minimum():
     mask = additive_mask(torch.tensor([[True, False]]), torch.float16)
     assert mask.shape == (1, 1, 1, 2) and mask.dtype == torch.float16
     assert mask[0, 0, 0, 0] == 0 and mask[0, 0, 0, 1] == torch.finfo(torch.float16).min
+    # training-time test's `(batch, 1, q, kv)` masks keep their shape
+    batched = additive_mask(torch.tensor([[[[True, False]]]]), torch.float32)
+    assert batched.tolist() == [[[[0.0, torch.finfo(torch.float32).min]]]]
 
 
 def test_node_sequences_follow_each_path():

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from eagle3_hf.bench_data import EvalPrompt
+from eagle3_hf.bench.prompts import EvalPrompt
 from eagle3_hf.commands.tune import save_tree_settings, sweep, valid_shapes
 
 from .test_trainer import make_word_tokenizer

@@ -8,18 +8,17 @@ import torch
 from datasets import Dataset
 from safetensors.torch import save_file
 
-import eagle3_hf.vocab as vocab_module
-from eagle3_hf.data import build_training_dataset
-from eagle3_hf.vocab import (
+import eagle3_hf.training.vocab as vocab_module
+from eagle3_hf.training.data import build_training_dataset
+from eagle3_hf.training.vocab import (
     build_draft_vocab,
-    check_vocab_maps,
     count_loss_tokens,
     load_draft_vocab,
     load_or_build_draft_vocab,
-    maps_from_token_ids,
     save_draft_vocab,
     select_draft_token_ids,
 )
+from eagle3_hf.vocab_maps import check_vocab_maps, maps_from_token_ids
 
 from .test_data import CONVERSATION, make_chat_tokenizer
 
@@ -115,7 +114,7 @@ def test_cache_is_keyed_by_data_tokenizer_and_size(tmp_path, monkeypatch, caplog
 
     again = load_or_build_draft_vocab(tiny_dataset(), 8, 2, path, tokenizer="tiny")  # same content, same fingerprint
     assert builds == [] and torch.equal(again.d2t, first.d2t)
-    with caplog.at_level(logging.WARNING, logger="eagle3_hf.vocab"):
+    with caplog.at_level(logging.WARNING, logger="eagle3_hf.training.vocab"):
         other_data = load_or_build_draft_vocab(dataset.select([2]), 8, 2, path, tokenizer="tiny")
         assert "rebuilding" in caplog.text
     assert len(builds) == 1 and other_data.token_ids.tolist() == [0, 3]
@@ -132,11 +131,11 @@ def test_command_line(tmp_path, capsys):
     (tmp_path / "data.jsonl").write_text('{"messages": ' + json.dumps(CONVERSATION) + "}\n")
     output = tmp_path / "vocab.safetensors"
     argv = [
-        "--tokenizer",
+        "--target",
         str(tmp_path / "tokenizer"),
         "--data",
         str(tmp_path / "data.jsonl"),
-        "--output",
+        "--draft-vocab-file",
         str(output),
         "--draft-vocab-size",
         "16",
@@ -156,8 +155,9 @@ def test_command_line_reads_the_vocab_size_of_a_composite_target(tmp_path):
     make_chat_tokenizer().save_pretrained(tmp_path / "target")
     Gemma3Config().save_pretrained(tmp_path / "target")
     (tmp_path / "data.jsonl").write_text('{"messages": ' + json.dumps(CONVERSATION) + "}\n")
-    argv = ["--tokenizer", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl")]
-    assert vocab_command.main([*argv, "--output", str(tmp_path / "vocab.safetensors"), "--draft-vocab-size", "8"]) == 0
+    argv = ["--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl")]
+    argv += ["--draft-vocab-file", str(tmp_path / "vocab.safetensors"), "--draft-vocab-size", "8"]
+    assert vocab_command.main(argv) == 0
     vocab = load_draft_vocab(tmp_path / "vocab.safetensors")
     assert vocab.t2d.shape == (Gemma3Config().get_text_config().vocab_size,) and vocab.metadata["filled"] == 0
 
@@ -166,10 +166,12 @@ def test_command_data_defaults_are_train_s():
     """The dataset fingerprint covers max_length and overflow: with train's defaults, train reuses the file."""
     from eagle3_hf.commands import vocab as vocab_command
     from eagle3_hf.commands.train import DataArguments
-    from eagle3_hf.training_args import Eagle3TrainingArguments
+    from eagle3_hf.training.data import build_training_dataset
+    from eagle3_hf.training.training_args import Eagle3TrainingArguments
 
-    args = vocab_command.make_parser().parse_args(["--output", "vocab.safetensors"])
-    assert args.overflow == DataArguments().overflow == "drop"
+    args, data_args = vocab_command.make_parser().parse_args_into_dataclasses(["--draft-vocab-file", "v.safetensors"])
+    assert data_args.overflow == DataArguments().overflow == "drop"
+    assert build_training_dataset.__defaults__[1] == "drop"  # the library's default is the CLI's
     assert args.max_length == Eagle3TrainingArguments.__dataclass_fields__["max_length"].default
 
 
@@ -191,7 +193,7 @@ def test_cache_writes_are_atomic_and_a_truncated_cache_is_rebuilt(tmp_path, monk
     path.write_bytes(path.read_bytes()[:-8])  # a cache cut short by an older, non-atomic write
     with pytest.raises(ValueError, match=f"{path}: unreadable"):
         load_draft_vocab(path)
-    with caplog.at_level(logging.WARNING, logger="eagle3_hf.vocab"):
+    with caplog.at_level(logging.WARNING, logger="eagle3_hf.training.vocab"):
         rebuilt = load_or_build_draft_vocab(tiny_dataset(), 8, 2, path, tokenizer="tiny")
     assert f"rebuilding the draft vocabulary cache {path}" in caplog.text
     assert torch.equal(rebuilt.d2t, first.d2t) and torch.equal(load_draft_vocab(path).d2t, first.d2t)

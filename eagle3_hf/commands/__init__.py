@@ -1,6 +1,10 @@
 """One module per `eagle3-hf` subcommand, each exposing `make_parser()` and `main(argv)`."""
 
-PACK_WEIGHTS_MODES = ("auto", "on", "off")  # `eagle3_hf.cpu_packing.PACK_MODES`, without importing torch here
+PACK_WEIGHTS_MODES = (
+    "auto",
+    "on",
+    "off",
+)  # `eagle3_hf.generation.cpu_packing.PACK_MODES`, without importing torch here
 
 
 def add_pack_weights_argument(parser, rows: str) -> None:

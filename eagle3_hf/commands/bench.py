@@ -9,13 +9,16 @@ import platform
 import shlex
 import sys
 
-from ..benchmark import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
+from ..bench.measure import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
+from ..loading import DEFAULT_TARGET
 from . import add_pack_weights_argument
+from .arguments import TARGET_HELP
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-hf bench", description=__doc__.split("\n")[0])
     parser.add_argument("--head", default=None, help="EAGLE-3 head (folder or Hub id); default: the shipped head")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=TARGET_HELP)
     parser.add_argument(
         "--datasets",
         nargs="+",
@@ -61,8 +64,8 @@ def pack_for_methods(target, draft, args, tree) -> str:
     """Pack the weights for the rows every benchmarked method verifies, so that no method is measured with a
     slower kernel than another: the tree's nodes, the head's frontier and accepted paths, chain mode's chain + 1
     and every prompt-lookup length (2 to `prompt_lookup_num_tokens + 1`). `tree`: `bench_tree_settings`."""
-    from ..cpu_packing import pack_for_decoding, rows_for_tree
     from ..generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
+    from ..generation.cpu_packing import pack_for_decoding, rows_for_tree
 
     target_rows, draft_rows = rows_for_tree(tree.total_tokens, tree.depth, tree.top_k)
     if "chain" in args.methods:
@@ -77,7 +80,7 @@ def pack_for_methods(target, draft, args, tree) -> str:
 def bench_tree_settings(draft, args):
     """The run's tree settings, `lookup_tokens` the `tree_lookup` method's: resolved once, for the packed rows,
     every generate call and `summarize` (which ends each method's acceptance by position at its deepest draft)."""
-    from ..benchmark import resolve_tree_lookup_tokens
+    from ..bench.measure import resolve_tree_lookup_tokens
     from ..generation.decoding import resolve_tree_settings
 
     lookup = resolve_tree_lookup_tokens(draft, args.tree_lookup_tokens)
@@ -106,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     import torch
 
-    from ..bench_data import load_prompts
-    from ..bench_report import markdown_table, write_report
-    from ..benchmark import run_benchmark, summarize
-    from ..defaults import load_default_pair
+    from ..bench.measure import run_benchmark, summarize
+    from ..bench.prompts import load_prompts
+    from ..bench.report import markdown_table, write_report
+    from ..loading import load_default_pair
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer, draft = load_default_pair(args.head)
+    target, tokenizer, draft = load_default_pair(args.head, target=args.target)
     tree = bench_tree_settings(draft, args)
     if "tree_lookup" in args.methods:  # every generate call grafts what the packed rows and the summary assume
         args.tree_lookup_tokens = tree.lookup_tokens

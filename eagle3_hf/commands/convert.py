@@ -8,7 +8,7 @@ import argparse
 import sys
 
 
-# Kept in sync with eagle3_hf.conversion.WRITABLE_DIALECTS (a test checks it); not imported so `--help` is fast.
+# Kept in sync with eagle3_hf.checkpoints.writing.WRITABLE_DIALECTS (a test checks it); not imported so `--help` is fast.
 DIALECTS = ("eagle3_hf", "eagle", "sglang", "speculators")
 
 
@@ -22,7 +22,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--to", dest="dialect", required=True, choices=DIALECTS, help="dialect to write")
     parser.add_argument(
         "--target",
-        help="folder or Hub id of the target model, loaded on CPU: gives the layer count, verifier id, context "
+        help="the target model (folder, Hub id or .gguf file), loaded on CPU: gives the layer count, verifier id, context "
         "length and token embedding (the speculators dialect ships it) and checks the head fits it",
     )
     parser.add_argument("--target-num-hidden-layers", type=int, help="target layer count L (default taps)")
@@ -45,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     from huggingface_hub.errors import StrictDataclassError
 
     from eagle3_hf import Eagle3DraftModel
-    from eagle3_hf.conversion import detect_checkpoint_dialect, rope_reads_max_position_embeddings, save_in_dialect
+    from eagle3_hf.checkpoints.reading import detect_checkpoint_dialect, rope_reads_max_position_embeddings
+    from eagle3_hf.checkpoints.writing import save_in_dialect
+    from eagle3_hf.loading import load_target_model
 
     try:
         source_dialect = detect_checkpoint_dialect(args.source)
-        target = _load_target(args.target) if args.target else None
+        target = load_target_model(args.target, device="cpu", attn_implementation=None) if args.target else None
         overrides = {
             "target_num_hidden_layers": args.target_num_hidden_layers,
             "target_layer_ids": args.target_layer_ids,
@@ -84,12 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{config.draft_vocab_size}/{config.vocab_size}, verifier={config.target_model_name_or_path}"
     )
     return 0
-
-
-def _load_target(name_or_path: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(name_or_path).eval()
 
 
 if __name__ == "__main__":

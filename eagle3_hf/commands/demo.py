@@ -3,7 +3,9 @@ prints tau and the speedup over plain `generate` measured on the spot (no networ
 
 import argparse
 
+from ..loading import DEFAULT_TARGET
 from . import add_pack_weights_argument
+from .arguments import TARGET_HELP
 
 
 DEMO_PROMPTS = [
@@ -16,6 +18,7 @@ DEMO_PROMPTS = [
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-hf demo", description=__doc__.split("\n")[0])
     parser.add_argument("--head", default=None, help="EAGLE-3 head (folder or Hub id); default: the shipped head")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=TARGET_HELP)
     parser.add_argument("--prompts", nargs="+", default=DEMO_PROMPTS)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--no-stream", action="store_true", help="do not stream the text")
@@ -27,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     from transformers import TextStreamer
 
-    from ..benchmark import timed_generate
-    from ..cpu_packing import pack_for_decoding, rows_for_tree
-    from ..defaults import load_default_pair
+    from ..bench.measure import timed_generate
+    from ..generation.cpu_packing import pack_for_decoding, rows_for_tree
     from ..generation.decoding import resolve_tree_settings
+    from ..loading import load_default_pair
 
-    target, tokenizer, draft = load_default_pair(args.head)
+    target, tokenizer, draft = load_default_pair(args.head, target=args.target)
     tree = resolve_tree_settings(draft, None, None, None)
     packing = pack_for_decoding(
         target, draft, *rows_for_tree(tree.total_tokens, tree.depth, tree.top_k, tree.lookup_tokens), args.pack_weights

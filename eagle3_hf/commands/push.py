@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def make_parser() -> argparse.ArgumentParser:
-    from ..hub import DEFAULT_FORMAT, FORMATS
+    from ..checkpoints.hub import DEFAULT_FORMAT, FORMATS
 
     parser = argparse.ArgumentParser(
         prog="eagle3-hf push",
@@ -23,7 +23,8 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--target",
-        help="target model (path or Hub id) whose embedding the speculators format ships; loaded only if given",
+        help="target model (folder, Hub id or .gguf file) whose embedding the speculators format ships; loaded "
+        "only if given",
     )
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--token", help="Hub token (default: the one saved by `hf auth login`)")
@@ -57,20 +58,13 @@ def _size(num_bytes: int) -> str:
     return f"{num_bytes} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
-def _load_target(name: str | None):
-    if name is None:
-        return None
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(name, dtype="auto")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from ..hub import prepare_upload_folder, push_to_hub
+    from ..checkpoints.hub import prepare_upload_folder, push_to_hub
+    from ..loading import load_target_model
 
     card_kwargs = dict(
-        target=_load_target(args.target),
+        target=load_target_model(args.target, device="cpu", attn_implementation=None) if args.target else None,
         training=_read_json(args.training, "--training"),
         results=_read_json(args.results, "--results"),
         dataset_names=args.dataset_names,

@@ -2,22 +2,29 @@
 
 import argparse
 import logging
+from dataclasses import fields
 
+from ..loading import DEFAULT_TARGET
 from . import add_pack_weights_argument
+from .arguments import TARGET_HELP, DataArguments
+
+
+# The data options mean what they mean for `train` and `vocab`: the same names, defaults and help.
+_DATA_HELP = {option.name: option.metadata["help"] for option in fields(DataArguments)}
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3-hf regenerate",
         description="Regenerate the assistant turns of chat data with the target model. Output is JSONL, one "
-        "conversation per line; rerunning with the same --output (and the same --model and --data) resumes after the "
+        "conversation per line; rerunning with the same --output (and the same --target and --data) resumes after the "
         "conversations already written.",
     )
     parser.add_argument("--output", required=True, help="JSONL file to write (appended to when resuming).")
-    parser.add_argument("--model", default="smollm2", help="Model path or Hub id; 'smollm2' is the offline target.")
-    parser.add_argument("--data", default="sharegpt", help="JSON/JSONL file, or 'sharegpt' (the shipped file).")
-    parser.add_argument("--offset", type=int, default=0, help="First source record to use.")
-    parser.add_argument("--limit", type=int, default=None, help="Number of source records to use (default: all).")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=TARGET_HELP)
+    parser.add_argument("--data", default=DataArguments.data, help=_DATA_HELP["data"])
+    parser.add_argument("--data-offset", type=int, default=DataArguments.data_offset, help=_DATA_HELP["data_offset"])
+    parser.add_argument("--data-limit", type=int, default=DataArguments.data_limit, help=_DATA_HELP["data_limit"])
     parser.add_argument("--batch-size", type=int, default=8, help="Conversations per generate call.")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="Longest answer per turn.")
     parser.add_argument(
@@ -35,7 +42,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (with --do-sample).")
     parser.add_argument("--top-k", type=int, default=None, help="Top-k sampling (with --do-sample).")
     parser.add_argument("--seed", type=int, default=0, help="Random seed.")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--target-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="dtype of the target.",
+    )
     parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
     parser.add_argument(
         "--cache-implementation",
@@ -51,10 +63,11 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from eagle3_hf.cpu_packing import pack_for_decoding
-    from eagle3_hf.regenerate import load_target, make_generation_config, regenerate
+    from eagle3_hf.generation.cpu_packing import pack_for_decoding
+    from eagle3_hf.loading import load_target
+    from eagle3_hf.training.regenerate import make_generation_config, regenerate
 
-    model, tokenizer = load_target(args.model, dtype=args.dtype, device=args.device)
+    model, tokenizer = load_target(args.target, dtype=args.target_dtype, device=args.device)
     cache_implementation = args.cache_implementation
     if cache_implementation == "auto":
         cache_implementation = "static" if model.device.type == "cpu" else None
@@ -71,15 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         cache_implementation=cache_implementation,
     )
     packing = pack_for_decoding(model, None, [args.batch_size], [], args.pack_weights)
-    logging.getLogger("eagle3_hf.regenerate").info(f"{packing}; KV cache: {cache_implementation or 'dynamic'}")
+    logging.getLogger("eagle3_hf.training.regenerate").info(
+        f"{packing}; KV cache: {cache_implementation or 'dynamic'}"
+    )
     stats = regenerate(
         model,
         tokenizer,
         args.data,
         args.output,
         generation_config=generation_config,
-        offset=args.offset,
-        limit=args.limit,
+        offset=args.data_offset,
+        limit=args.data_limit,
         batch_size=args.batch_size,
         max_length=args.max_length,
         max_turns=args.max_turns,

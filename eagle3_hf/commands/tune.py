@@ -13,12 +13,15 @@ import itertools
 import json
 from pathlib import Path
 
+from ..loading import DEFAULT_TARGET
 from . import add_pack_weights_argument
+from .arguments import TARGET_HELP
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-hf tune", description=__doc__.split("\n")[0])
     parser.add_argument("--head", default=None, help="EAGLE-3 head folder or Hub id; default: the shipped head")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=TARGET_HELP)
     parser.add_argument("--total-tokens", nargs="+", type=int, default=[8, 16, 24, 32])
     parser.add_argument("--depth", nargs="+", type=int, default=[3, 4, 5, 6])
     parser.add_argument("--top-k", nargs="+", type=int, default=[2, 4, 6])
@@ -57,7 +60,7 @@ def sweep(
     `speedup`, `tau`, `generations`), fastest first."""
     from tqdm.auto import tqdm
 
-    from ..benchmark import run_benchmark, summarize
+    from ..bench.measure import run_benchmark, summarize
 
     results = []
     for shape in tqdm(shapes, desc="tree shapes", disable=not progress):
@@ -135,9 +138,9 @@ def save_tree_settings(head_dir: Path, settings: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    from ..bench_data import load_prompts
-    from ..cpu_packing import pack_for_decoding, rows_for_trees
-    from ..defaults import DEFAULT_HEAD_DIR, load_default_pair
+    from ..bench.prompts import load_prompts
+    from ..generation.cpu_packing import pack_for_decoding, rows_for_trees
+    from ..loading import DEFAULT_HEAD_DIR, load_default_pair
 
     if min(args.lookup_tokens) < 0:
         raise SystemExit(f"--lookup-tokens must be non-negative, got {args.lookup_tokens}.")
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         raise SystemExit(f"--offset {args.offset} skips every prompt of {args.datasets}.")
     shapes = [(*shape, lookup_tokens) for shape in shapes for lookup_tokens in args.lookup_tokens]
-    target, tokenizer, draft = load_default_pair(args.head)
+    target, tokenizer, draft = load_default_pair(args.head, target=args.target)
     print(pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights))
     results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens, args.temperature, args.seeds)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

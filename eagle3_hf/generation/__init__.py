@@ -1,5 +1,12 @@
 """EAGLE-3 decoding inside `generate()`: the tree loop and the chain-mode candidate generator.
 
+- `tree`: pure tensor functions (candidate rerank, tree masks, positions, paths, greedy and sampling acceptance);
+- `drafter`: growing a draft tree with the head; `lookup`: prompt-lookup chains grafted onto it;
+- `verify`: the target's one-pass tree forward; `kv_cache`: keeping only the accepted path;
+- `decoding`: `eagle3_generate`, the tree loop; `integration`: the `generate(assistant_model=...)` hook;
+- `candidate_generator`: chain mode in Transformers' own assisted loop;
+- `cpu_packing`, `gqa_attention`: the CPU fast path (MKL-packed weights, grouped-query SDPA under tree masks).
+
 Importing this package installs the narrow `GenerationMixin.generate` wrapper (see `integration.py`) that sends
 `generate(..., assistant_model=<Eagle3DraftModel>)` to `eagle3_generate`.
 """

@@ -20,9 +20,9 @@ from transformers.cache_utils import DynamicCache
 from transformers.generation import GenerateDecoderOnlyOutput, LogitsProcessorList, StoppingCriteriaList
 from transformers.utils import logging
 
-from ..cpu_packing import packing_would_help
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
+from .cpu_packing import packing_would_help
 from .drafter import TreeDrafter
 from .kv_cache import end_past_recording, keep_tree_entries
 from .lookup import prompt_lookup_chain

@@ -206,12 +206,15 @@ def tree_visibility(
 
 
 def additive_mask(visible: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
-    """Float additive attention mask `(1, 1, q, kv)`: 0 where visible, the dtype's minimum elsewhere.
+    """A bool mask (True = visible) as a float additive mask: 0 where visible, the dtype's minimum elsewhere.
 
-    Float, not bool: eager attention *adds* the mask, so a bool mask would be silently wrong there.
+    Float, not bool: eager attention *adds* the mask, so a bool mask would be silently wrong there. A 2-D `(q, kv)`
+    mask (a tree's) gains the batch and head axes attention takes, `(1, 1, q, kv)`; a 4-D `(batch, 1, q, kv)` mask
+    (training-time test's) keeps its shape.
     """
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+    mask = mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None] if mask.ndim == 2 else mask
 
 
 def retrieve_paths(tree: DraftTree) -> torch.LongTensor:

@@ -24,7 +24,7 @@ from ..target import gather_target_features
 from .tree import DraftTree, additive_mask, node_sequences, tree_position_ids, tree_visibility
 
 
-TREE_MASK_BACKENDS = ("sdpa", "eager", "eagle3_grouped_sdpa")  # the last: `eagle3_hf.gqa_attention`
+TREE_MASK_BACKENDS = ("sdpa", "eager", "eagle3_grouped_sdpa")  # the last: `eagle3_hf.generation.gqa_attention`
 # Attention kinds a tree mask can express. Chunked attention (Llama 4) sees only the keys of the query's own chunk:
 # not a window behind each query, so the sliding mask would be wrong for it.
 TREE_LAYER_KINDS = ("full_attention", "sliding_attention")

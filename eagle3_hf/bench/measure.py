@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from .bench_data import EvalPrompt
+from .prompts import EvalPrompt
 
 
 METHODS = ("plain", "prompt_lookup", "chain", "tree", "tree_lookup")
@@ -91,7 +91,7 @@ def resolve_tree_lookup_tokens(draft, requested: int | None = None) -> int:
     rows the lookup chains add) both call it. A `requested` value below 1 is an error, since `"tree_lookup"` with no
     lookup tokens would silently be `"tree"`.
     """
-    from .generation.decoding import resolve_tree_settings
+    from ..generation.decoding import resolve_tree_settings
 
     if requested is not None:
         if not isinstance(requested, int) or requested < 1:
@@ -286,7 +286,7 @@ def deepest_draft_positions(tree, sampled: bool) -> dict[str, int]:
     chain from the root, as long as `lookup_tokens` but no longer than the tree has room for
     (`TreeSettings.lookup_room`).
     """
-    from .generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
+    from ..generation.candidate_generator import DEFAULT_NUM_ASSISTANT_TOKENS
 
     tree_depth = min(tree.depth, tree.total_tokens - 1)
     return {

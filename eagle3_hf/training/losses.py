@@ -95,14 +95,6 @@ def ttt_attention_mask(attention_mask: torch.Tensor, step: int) -> torch.BoolTen
     return torch.cat(blocks, dim=-1)[:, None]  # shape: [B, 1, T, (step + 1) * T]
 
 
-def additive_attention_mask(mask: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool mask (True = visible) as a float additive mask: 0 where visible, `finfo(dtype).min` elsewhere.
-
-    Eager attention adds the mask to the scores, so it needs this form; SDPA takes the bool mask as is.
-    """
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
 def soft_targets(target_logits: torch.Tensor, t2d: torch.BoolTensor) -> tuple[torch.Tensor, torch.BoolTensor]:
     """Target distribution restricted to the draft vocabulary, and where the target's top-1 lies inside it.
 
@@ -225,7 +217,6 @@ def feature_regression_per_position(draft_hidden: torch.Tensor, target_next_hidd
 
 
 __all__ = [
-    "additive_attention_mask",
     "chain_acceptance_lengths",
     "feature_regression_per_position",
     "shift_left",

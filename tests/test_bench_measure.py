@@ -3,8 +3,7 @@ import json
 import pytest
 import torch
 
-from eagle3_hf.bench_report import markdown_table, write_report
-from eagle3_hf.benchmark import (
+from eagle3_hf.bench.measure import (
     GenerationRecord,
     acceptance_by_position,
     deepest_draft_positions,
@@ -14,6 +13,7 @@ from eagle3_hf.benchmark import (
     timed_generate,
     tokens_per_round,
 )
+from eagle3_hf.bench.report import markdown_table, write_report
 
 
 def test_tokens_per_round_from_cache_lengths():
@@ -121,8 +121,8 @@ def test_summary_speedup_tau_and_categories(tmp_path):
 
 
 def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draft):
-    from eagle3_hf.bench_data import EvalPrompt
-    from eagle3_hf.benchmark import run_benchmark
+    from eagle3_hf.bench.measure import run_benchmark
+    from eagle3_hf.bench.prompts import EvalPrompt
 
     from .test_trainer import make_word_tokenizer
 
@@ -155,7 +155,7 @@ def test_tree_methods_with_and_without_prompt_lookup_branches():
 
     from transformers import GenerationConfig
 
-    from eagle3_hf.benchmark import TREE_LOOKUP_TOKENS, method_kwargs
+    from eagle3_hf.bench.measure import TREE_LOOKUP_TOKENS, method_kwargs
 
     draft = SimpleNamespace(generation_config=GenerationConfig())  # a head whose config sets no lookup
     shape = {"tree_total_tokens": 8}

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch.utils.data import Dataset as TorchDataset
 from transformers import PreTrainedModel
 
-from .target import gather_target_features
+from ..atomic import save_safetensors_atomically, write_json_atomically
+from ..target import gather_target_features
 
 
 CACHE_FORMAT_VERSION = 1
@@ -191,12 +191,6 @@ def plan_feature_cache(
     return plan
 
 
-def _write_json_atomically(path: Path, payload: dict) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, path)
-
-
 def _check_or_write_plan(cache_dir: Path, plan: FeatureCachePlan) -> None:
     plan_path = cache_dir / PLAN_FILE
     if plan_path.exists():
@@ -209,7 +203,7 @@ def _check_or_write_plan(cache_dir: Path, plan: FeatureCachePlan) -> None:
                 f"{cache_dir} cannot be reused. Delete the folder or pick another feature_cache_dir."
             )
         return
-    _write_json_atomically(plan_path, asdict(plan))
+    write_json_atomically(plan_path, asdict(plan))
 
 
 # ------------------------------------------------------------------------------------------------------ build
@@ -251,9 +245,7 @@ def _shard_tensors(
 
 
 def _write_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(temporary), metadata={"format_version": str(CACHE_FORMAT_VERSION)})
-    os.replace(temporary, path)
+    save_safetensors_atomically(tensors, path, metadata={"format_version": str(CACHE_FORMAT_VERSION)})
 
 
 def _is_whole_shard(path: Path) -> bool:
@@ -275,7 +267,7 @@ def _write_manifest_if_complete(cache_dir: Path, plan: FeatureCachePlan) -> bool
         shards.append(
             {"file": path.name, "first_sample": start, "num_samples": end - start, "bytes": path.stat().st_size}
         )
-    _write_json_atomically(cache_dir / MANIFEST_FILE, {**asdict(plan), "shards": shards})
+    write_json_atomically(cache_dir / MANIFEST_FILE, {**asdict(plan), "shards": shards})
     return True
 
 

@@ -57,7 +57,11 @@ class Eagle3TrainingArguments(TrainingArguments):
     # --- target and features ---
     target_model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Target model id or path (default: the offline SmolLM2-135M-Instruct GGUF)."},
+        metadata={
+            "help": "Target model: a folder, a Hub id, a .gguf file, or 'smollm2' (the default: the offline "
+            "SmolLM2-135M-Instruct GGUF).",
+            "aliases": ["--target"],
+        },
     )
     max_length: int = field(default=2048, metadata={"help": "Drop tokenized conversations longer than this."})
     feature_mode: str = field(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from eagle3_hf.bench_data import load_mt_bench, load_prompts, load_sharegpt_heldout
+from eagle3_hf.bench.prompts import load_mt_bench, load_prompts, load_sharegpt_heldout
 
 
 def test_mt_bench_interleaves_categories_so_any_eight_cover_all():

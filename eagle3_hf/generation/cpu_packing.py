@@ -174,7 +174,7 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
     """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
 
     `mode`: `"on"` packs (and raises where it cannot), `"off"` does nothing, `"auto"` packs when MKL is available
-    and the target is float32 on CPU. Packing also switches an `sdpa` target to `eagle3_hf.gqa_attention`'s grouped
+    and the target is float32 on CPU. Packing also switches an `sdpa` target to `eagle3_hf.generation.gqa_attention`'s grouped
     backend (no `repeat_kv` copy under tree masks; outputs equal to `sdpa`'s). Used by `eagle3-hf demo`, `bench`,
     `tune` and `regenerate`.
     """

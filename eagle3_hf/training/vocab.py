@@ -1,22 +1,21 @@
-"""Draft vocabulary maps `d2t` / `t2d` (pure functions).
+"""Choosing a draft vocabulary from training data, and its cache file.
 
-`d2t` (int64 `[V_d]`) holds offsets: draft id `i` is target id `i + d2t[i]`. `t2d` (bool `[V]`) marks the target
-ids that are in the draft vocabulary. The draft vocabulary is sorted ascending, so `logits[..., t2d]` comes out in
-draft-id order.
-
-Building a vocabulary from training data (`build_draft_vocab`: the most frequent target ids at loss-masked positions)
-and caching it in a safetensors file keyed by the data, tokenizer and sizes follow the maps.
+`build_draft_vocab` keeps the most frequent target ids at loss-masked positions; the maps it returns follow the
+head's convention (`eagle3_hf.modeling_eagle3`: `d2t` offsets, `t2d` membership, draft ids in ascending target-id
+order). `load_or_build_draft_vocab` caches them in a safetensors file keyed by the data, tokenizer and sizes.
 """
 
 import json
 import logging
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..atomic import save_safetensors_atomically
+from ..vocab_maps import check_vocab_maps, maps_from_token_ids
 
 
 logger = logging.getLogger(__name__)
@@ -26,42 +25,6 @@ _METADATA_KEY = "eagle3_draft_vocab"
 
 class _UnreadableVocabFile(ValueError):
     """A draft-vocabulary file that cannot be read back (cut short, not safetensors, maps that disagree)."""
-
-
-def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Rebuild `t2d` (bool `[vocab_size]`) from `d2t` (int64 `[V_d]`)."""
-    target_ids = torch.arange(d2t.shape[0], device=d2t.device) + d2t
-    if target_ids.numel() and (target_ids.min() < 0 or target_ids.max() >= vocab_size):
-        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size}).")
-    t2d = torch.zeros(vocab_size, dtype=torch.bool, device=d2t.device)
-    t2d[target_ids] = True
-    return t2d
-
-
-def maps_from_token_ids(token_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(d2t, t2d)` for a draft vocabulary made of the given target ids (any order, no duplicates)."""
-    ids = torch.sort(token_ids.to(torch.long).unique()).values
-    if ids.numel() != token_ids.numel():
-        raise ValueError("token_ids contains duplicates.")
-    d2t = ids - torch.arange(ids.shape[0])
-    return d2t, t2d_from_d2t(d2t, vocab_size)
-
-
-def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, vocab_size: int) -> None:
-    """Raise `ValueError` naming the problem when `d2t`/`t2d` are inconsistent with the config or each other."""
-    if d2t.ndim != 1 or d2t.shape[0] != draft_vocab_size:
-        raise ValueError(f"d2t has shape {tuple(d2t.shape)}; expected ({draft_vocab_size},) = (draft_vocab_size,).")
-    if t2d.ndim != 1 or t2d.shape[0] != vocab_size:
-        raise ValueError(f"t2d has shape {tuple(t2d.shape)}; expected ({vocab_size},) = (vocab_size,).")
-    if int(t2d.sum()) != draft_vocab_size:
-        raise ValueError(f"t2d marks {int(t2d.sum())} target ids but draft_vocab_size={draft_vocab_size}.")
-    target_ids = torch.arange(draft_vocab_size, device=d2t.device) + d2t
-    if draft_vocab_size > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):
-        raise ValueError("d2t does not map draft ids to strictly increasing target ids (the vocab must be sorted).")
-    if target_ids.min() < 0 or target_ids.max() >= vocab_size:
-        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size}).")
-    if not bool(t2d[target_ids.to(t2d.device)].all()):
-        raise ValueError("t2d disagrees with d2t: some target ids reached through d2t are not marked in t2d.")
 
 
 # ------------------------------------------------------------------------------ building a draft vocabulary
@@ -182,16 +145,8 @@ def save_draft_vocab(vocab: DraftVocab, path: str | os.PathLike) -> None:
     The file is written next to `path` under a hidden name and renamed over it, so an interrupted write leaves
     the previous file (or none), never a truncated one.
     """
-    from safetensors.torch import save_file
-
-    path = Path(path)
     tensors = {"d2t": vocab.d2t.contiguous(), "t2d": vocab.t2d.contiguous(), "counts": vocab.counts.contiguous()}
-    partial = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
-    try:
-        save_file(tensors, str(partial), metadata={_METADATA_KEY: json.dumps(vocab.metadata)})
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)  # only left when something failed
+    save_safetensors_atomically(tensors, path, metadata={_METADATA_KEY: json.dumps(vocab.metadata)})
 
 
 def load_draft_vocab(path: str | os.PathLike) -> DraftVocab:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .generation.tree import DraftTree
+from ..generation.tree import DraftTree
 
 
 ROOT_COLOR = "#cfe2ff"

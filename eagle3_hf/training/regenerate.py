@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from .data import first_user_turn, iter_records, normalize_messages
+from .records import first_user_turn, iter_records, normalize_messages
 
 
 logger = logging.getLogger(__name__)
@@ -239,7 +239,7 @@ def regenerate(
 
     Args:
         model, tokenizer: the target and its tokenizer (which needs a chat template).
-        source: anything `eagle3_hf.data.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
+        source: anything `eagle3_hf.training.records.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
             Assistant turns in it are discarded; user turns (and a leading system message) are kept.
         output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model"}`, where
             `index` is the record's position in the source. Conversations already in the file are skipped (resume);
@@ -352,21 +352,3 @@ def _answer_next_turns(model, tokenizer, active, generation_config, max_length: 
         conversation.add_reply(fitted, finish_reason if fitted == text else "length")
         stats.turns += 1
         stats.new_tokens += new_tokens
-
-
-def load_target(name_or_path: str = "smollm2", dtype: str = "auto", device: str | None = None):
-    """`(model, tokenizer)`: `"smollm2"` loads the offline SmolLM2-135M-Instruct (fp32 unless `dtype` says
-    otherwise), anything else goes through `AutoModelForCausalLM` / `AutoTokenizer`. `device` defaults to CUDA when
-    available."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-    if name_or_path == "smollm2":
-        from .assets import load_smollm2
-
-        model, tokenizer = load_smollm2(dtype=torch_dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype or "auto")
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    return model.to(device).eval(), tokenizer

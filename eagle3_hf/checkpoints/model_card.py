@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 from huggingface_hub import ModelCard, ModelCardData
 
-from .configuration_eagle3 import Eagle3Config
+from ..configuration_eagle3 import Eagle3Config
 
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "model_card.md"
@@ -77,7 +77,7 @@ TRAINING_LABELS = {
     "wall_time": "Wall time",
     "machine": "Machine",
 }
-# Columns of the results table: key of a benchmark row (see `eagle3_hf.benchmark.summarize`) -> header.
+# Columns of the results table: key of a benchmark row (see `eagle3_hf.bench.measure.summarize`) -> header.
 RESULT_COLUMNS = {
     "dataset": "Dataset",
     "temperature": "T",
@@ -118,7 +118,7 @@ def create_or_update_model_card(
             "ttt_steps": ..., "wall_time": seconds, "machine": ..., "command": ...}` (see `TRAINING_LABELS`; other
             keys are shown under their own name). `None` keeps the section already in the card.
         results (`dict` or list of `dict`, *optional*): benchmark runs, each the `results.json` written by
-            `eagle3_hf.bench_report.write_report`: `{"machine": str, "command": str, "rows": [...]}`, rows with the
+            `eagle3_hf.bench.report.write_report`: `{"machine": str, "command": str, "rows": [...]}`, rows with the
             keys of `RESULT_COLUMNS`. `None` keeps the section already in the card.
         dataset_names (`list[str]`, *optional*): training datasets; Hub ids go to the `datasets` metadata.
         license (`str`, *optional*): sets `license`; by default the card's own license is kept, else `apache-2.0`.
@@ -291,7 +291,7 @@ def _describe(model: Any, save_directory: Path, format: str | None) -> tuple[Eag
 
 
 def _detect_format(save_directory: Path) -> str:
-    from .conversion import detect_checkpoint_dialect
+    from .reading import detect_checkpoint_dialect
 
     return detect_checkpoint_dialect(save_directory)
 
@@ -299,7 +299,8 @@ def _detect_format(save_directory: Path) -> str:
 def _config_from_folder(save_directory: Path, format: str) -> Eagle3Config:
     if format == "eagle3_hf":
         return Eagle3Config.from_pretrained(save_directory)
-    from .conversion import config_from_dialect, read_config_dict
+    from .files import read_config_dict
+    from .reading import config_from_dialect
 
     return config_from_dialect(read_config_dict(save_directory), format, str(save_directory / "config.json"))
 

@@ -12,9 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from eagle3_hf import visualization  # noqa: E402
-from eagle3_hf.generation.tree import DraftTree, ancestor_matrix  # noqa: E402
-from eagle3_hf.visualization import (  # noqa: E402
+from eagle3_hf.bench import plots as visualization  # noqa: E402
+from eagle3_hf.bench.plots import (  # noqa: E402
     ACCEPTED_COLOR,
     DRAFT_COLOR,
     ROOT_COLOR,
@@ -25,6 +24,7 @@ from eagle3_hf.visualization import (  # noqa: E402
     token_label,
     tree_layout,
 )
+from eagle3_hf.generation.tree import DraftTree, ancestor_matrix  # noqa: E402
 
 
 class CharTokenizer:

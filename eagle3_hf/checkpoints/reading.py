@@ -1,14 +1,11 @@
-"""Read and write every EAGLE-3 checkpoint dialect (user guide: docs/checkpoint-dialects.md).
+"""Read every EAGLE-3 checkpoint dialect (user guide: docs/checkpoint-dialects.md).
 
-Reading: `Eagle3DraftModel.from_pretrained` calls `from_pretrained_any_dialect`. Native folders (`model_type:
-"eagle3"`) go through the stock Transformers loader; the others are detected (`detect_dialect`), their config is
-converted to an `Eagle3Config`, their tensors renamed to the in-memory names, and every name, shape and the
-`d2t`/`t2d` maps are checked *before* the head is built, so a bad checkpoint raises `CheckpointFormatError` and
-nothing is half-loaded. Dialects: `"eagle"` (official SafeAILab), `"sglang"` (SGLang / SpecForge), `"modelopt"`
-(NVIDIA ModelOpt export, read only) and `"speculators"` (vLLM speculators).
-
-Writing: `save_in_dialect(model, directory, dialect)` for `"eagle3_hf"` (`save_pretrained`), `"eagle"`, `"sglang"`
-and `"speculators"`, staged in a hidden temporary folder next to the destination and renamed into place at the end.
+`Eagle3DraftModel.from_pretrained` calls `from_pretrained_any_dialect`. Native folders (`model_type: "eagle3"`) go
+through the stock Transformers loader; the others are detected (`detect_dialect`), their config is converted to an
+`Eagle3Config`, their tensors renamed to the in-memory names, and every name, shape and the `d2t`/`t2d` maps are
+checked *before* the head is built, so a bad checkpoint raises `CheckpointFormatError` and nothing is half-loaded.
+Dialects: `"eagle"` (official SafeAILab), `"sglang"` (SGLang / SpecForge), `"modelopt"` (NVIDIA ModelOpt export,
+read only) and `"speculators"` (vLLM speculators).
 
 Layer ids: `Eagle3Config.target_layer_ids` use the EAGLE / HF `hidden_states` convention (id `k` = the hidden state
 entering decoder layer `k`). vLLM and speculators read a top-level `eagle_aux_hidden_state_layer_ids` in that
@@ -16,39 +13,36 @@ convention. SGLang, SpecForge and ModelOpt keep `eagle_config.eagle_aux_hidden_s
 *outputs* (SGLang captures `id + 1`, ModelOpt hooks the output of layer `id`): one less for the same layer.
 """
 
-import json
 import logging
 import os
-import pickle
 import re
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import fields
-from pathlib import Path
 
 import torch
 import transformers
 from accelerate import init_empty_weights
-from huggingface_hub import snapshot_download
 from huggingface_hub.errors import StrictDataclassError
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from .configuration_eagle3 import Eagle3Config, default_target_layer_ids
-from .vocab import check_vocab_maps, t2d_from_d2t
+from ..configuration_eagle3 import Eagle3Config, default_target_layer_ids
+from ..vocab_maps import check_vocab_maps, t2d_from_d2t
+from .files import (
+    CheckpointFormatError,
+    check_safetensors_headers,
+    load_checkpoint_tensors,
+    read_config_dict,
+    read_pickled,
+    read_tensor_names_of,
+    resolve_checkpoint_folder,
+    weight_files,
+)
 
 
 logger = logging.getLogger(__name__)
 
 READABLE_DIALECTS = ("eagle3_hf", "eagle", "sglang", "modelopt", "speculators")
-WRITABLE_DIALECTS = ("eagle3_hf", "eagle", "sglang", "speculators")
-ARCHITECTURES = {"eagle": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle3", "speculators": "Eagle3Speculator"}
-SPECULATORS_VERSION = "0.3.0"
-
 _HUB_KWARGS = ("revision", "cache_dir", "force_download", "token", "local_files_only")
 # Stock `from_pretrained` switches that have nothing to select for a converted head (we always read safetensors
 # first and unpickle `.bin` files with weights_only=True).
@@ -56,132 +50,18 @@ _IGNORED_KWARGS = ("trust_remote_code", "low_cpu_mem_usage", "use_safetensors", 
 _CONFIG_FIELDS = {f.name for f in fields(Eagle3Config)}
 _LAYER_KEY = re.compile(r"^layers\.\d+\.")
 # Switches of EAGLE-3 variants (EAGLE-3.1, speculators options) whose extra norms this head does not have.
-_VARIANT_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+VARIANT_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 # ModelOpt eagle_config switches -> the only value this head implements.
 _MODELOPT_SWITCHES = {"use_aux_hidden_state": True, "use_last_layernorm": True, "use_mtp_layernorm": False}
 # RoPE types whose frequencies read `original_max_position_embeddings` (transformers fills it from
 # `max_position_embeddings` when absent, so it is pinned from the checkpoint's value before that can change).
 _ORIGINAL_CONTEXT_ROPE = ("llama3", "yarn", "longrope")
-_LLAMA_KEYS = (
+# The Llama config fields a dialect's config.json carries for the draft layer (read and written as is).
+LLAMA_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings",
     "initializer_range", "attention_bias", "mlp_bias", "bos_token_id", "eos_token_id", "pad_token_id",
 )  # fmt: skip
-
-
-class CheckpointFormatError(ValueError):
-    """A checkpoint is in no known dialect, or its files, config fields or tensors are inconsistent."""
-
-
-# ------------------------------------------------------------------------------------------------ files and hub
-def resolve_checkpoint_folder(path_or_repo_id: str | os.PathLike, subfolder: str = "", **hub_kwargs) -> Path:
-    """A local folder as is, or a Hub repo fetched into the normal huggingface_hub cache.
-
-    Only `config.json` and weight files (`*.safetensors`, the safetensors index, `pytorch_model.bin`) are fetched.
-    `hub_kwargs`: `revision`, `cache_dir`, `force_download`, `token`, `local_files_only`.
-    """
-    if Path(path_or_repo_id).is_dir():
-        return Path(path_or_repo_id, subfolder)
-    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    patterns = [prefix + name for name in ("config.json", "*.safetensors", "*.safetensors.index.json")]
-    patterns.append(prefix + "pytorch_model.bin")
-    try:
-        folder = snapshot_download(str(path_or_repo_id), allow_patterns=patterns, **hub_kwargs)
-    except (OSError, ValueError) as error:  # offline and not cached, unknown repo, invalid id, gated...
-        message = f"{str(path_or_repo_id)!r} is not a local folder and could not be fetched from the Hub: {error}"
-        raise OSError(message) from error
-    return Path(folder, subfolder)
-
-
-def read_config_dict(folder: Path) -> dict:
-    """The parsed `config.json` of a checkpoint folder."""
-    file = Path(folder, "config.json")
-    if not file.is_file():
-        raise CheckpointFormatError(f"{folder}: no config.json; every EAGLE-3 checkpoint dialect has one.")
-    try:
-        config = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointFormatError(f"{file}: not valid JSON ({error}).") from error
-    if not isinstance(config, dict):
-        raise CheckpointFormatError(f"{file}: expected a JSON object, found {type(config).__name__}.")
-    return config
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The weight files, by preference: `model.safetensors`, a sharded safetensors index, `pytorch_model.bin`.
-
-    A folder that also holds `pytorch_model.bin` logs a warning: the official EAGLE loader reads that one instead.
-    """
-    pickled = folder / "pytorch_model.bin"
-    index = folder / "model.safetensors.index.json"
-    for chosen in (folder / "model.safetensors", index):
-        if chosen.is_file() and pickled.is_file():
-            logger.warning(
-                "%s holds both %s and %s; reading %s (the official EAGLE loader reads %s: make sure both hold the "
-                "same head, or delete one).",
-                folder,
-                pickled.name,
-                chosen.name,
-                chosen.name,
-                pickled.name,
-            )
-            break
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as error:
-            raise CheckpointFormatError(f"{index}: no readable weight_map ({error!r}).") from error
-        return [folder / shard for shard in shards]
-    if pickled.is_file():
-        return [pickled]
-    raise CheckpointFormatError(
-        f"{folder}: no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)."
-    )
-
-
-def load_checkpoint_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    """All tensors of the given weight files (CPU). Pickled `.bin` files are read with `weights_only=True`."""
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        part = _read_safetensors(file) if file.suffix == ".safetensors" else _read_pickled(file)
-        if duplicates := sorted(part.keys() & tensors.keys()):
-            raise CheckpointFormatError(f"{file}: tensors {duplicates} also appear in another shard.")
-        tensors.update(part)
-    return tensors
-
-
-def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        with safe_open(file, framework="pt") as reader:
-            return {name: reader.get_tensor(name) for name in reader.keys()}
-    except (SafetensorError, OSError) as error:
-        raise CheckpointFormatError(f"{file}: unreadable safetensors file ({error}); is it truncated?") from error
-
-
-def _read_pickled(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, OSError, ValueError) as error:
-        raise CheckpointFormatError(f"{file}: unreadable PyTorch file ({error}).") from error
-    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
-        raise CheckpointFormatError(f"{file}: expected a flat state dict (tensor name -> tensor).")
-    return state
-
-
-def _check_safetensors_headers(folder: Path) -> None:
-    """Open every safetensors header so a truncated file is reported by name before the stock loader runs."""
-    for file in sorted(folder.glob("*.safetensors")):
-        _read_header(file)
-
-
-def _read_header(file: Path) -> list[str]:
-    try:
-        with safe_open(file, framework="pt") as reader:
-            return list(reader.keys())
-    except (SafetensorError, OSError) as error:
-        raise CheckpointFormatError(f"{file}: unreadable safetensors file ({error}); is it truncated?") from error
 
 
 # ---------------------------------------------------------------------------------------------------- detection
@@ -237,7 +117,7 @@ def detect_checkpoint_dialect(path_or_repo_id: str | os.PathLike, **hub_kwargs) 
     if config.get("model_type") == "eagle3":
         return "eagle3_hf"
     files = weight_files(folder)
-    names = [n for f in files for n in (_read_header(f) if f.suffix == ".safetensors" else _read_pickled(f))]
+    names = [n for f in files for n in (read_tensor_names_of(f) if f.suffix == ".safetensors" else read_pickled(f))]
     return detect_dialect(config, names, source=str(folder / "config.json"))
 
 
@@ -272,7 +152,7 @@ def config_from_dialect(
         _check_count(layer[key], where + key, source)
     if layer.get("tie_word_embeddings"):
         raise CheckpointFormatError(f"{source}: tie_word_embeddings=true; the draft lm_head must be its own.")
-    fields_ = {key: layer[key] for key in _LLAMA_KEYS if layer.get(key) is not None}
+    fields_ = {key: layer[key] for key in LLAMA_KEYS if layer.get(key) is not None}
     fields_.setdefault("num_hidden_layers", 1)
     if dialect == "eagle":  # the official code derives head_dim = H / nH and ignores the key
         fields_["head_dim"] = layer["hidden_size"] // layer["num_attention_heads"]
@@ -375,7 +255,7 @@ def _one_line(error: Exception) -> str:
 
 
 def _check_variant_switches(raw: dict, layer: dict, dialect: str, source: str) -> None:
-    for key in _VARIANT_SWITCHES:
+    for key in VARIANT_SWITCHES:
         if raw.get(key):
             raise CheckpointFormatError(
                 f"{source}: {key}=true selects an EAGLE-3 variant eagle3_hf does not implement."
@@ -548,7 +428,7 @@ def from_pretrained_any_dialect(
     folder = resolve_checkpoint_folder(pretrained_model_name_or_path, kwargs.get("subfolder") or "", **hub_kwargs)
     raw = read_config_dict(folder)
     if raw.get("model_type") == "eagle3":
-        _check_safetensors_headers(folder)
+        check_safetensors_headers(folder)
         return _load_native(stock_from_pretrained, pretrained_model_name_or_path, target, model_args, kwargs)
     if model_args:
         raise TypeError(f"Positional model_args are only accepted for native eagle3 checkpoints, not {folder}.")
@@ -646,213 +526,13 @@ def _device_of(device_map) -> torch.device:
     return torch.device("cpu" if device_map is None else device_map)
 
 
-# ------------------------------------------------------------------------------------------------------ writing
-def save_in_dialect(
-    model,
-    save_directory: str | os.PathLike,
-    dialect: str,
-    *,
-    overwrite: bool = False,
-    max_position_embeddings: int | None = None,
-    speculative_tokens: int = 3,
-    verifier_architectures: list[str] | None = None,
-) -> Path:
-    """Write `model` as a checkpoint folder of `dialect` (one of `WRITABLE_DIALECTS`), atomically.
-
-    Args:
-        dialect (`str`): `"eagle3_hf"` (`save_pretrained`), `"eagle"` (official SafeAILab), `"sglang"` (SGLang /
-            SpecForge; vLLM reads it too: the usual choice for serving) or `"speculators"` (vLLM speculators).
-        overwrite (`bool`): replace an existing non-empty folder (only once the new one is complete).
-        max_position_embeddings (`int`, *optional*): value written for the engines (default: the config's);
-            refused (`ValueError`) for a head whose RoPE reads it (`rope_reads_max_position_embeddings`: dynamic
-            NTK), where another value would change the outputs.
-        speculative_tokens (`int`, defaults to 3): `speculators_config.proposal_methods[0].speculative_tokens`.
-        verifier_architectures (`list[str]`, *optional*): `speculators_config.verifier.architectures`.
-    """
-    if dialect not in WRITABLE_DIALECTS:
-        raise ValueError(f"dialect={dialect!r}; expected one of {WRITABLE_DIALECTS}.")
-    if dialect != "eagle3_hf":  # build everything first: a refused export creates no folder at all
-        options = (max_position_embeddings, speculative_tokens, verifier_architectures)
-        tensors, config_dict = _export_payload(model, dialect, *options)
-    with _atomic_directory(Path(save_directory), overwrite) as staging:
-        if dialect == "eagle3_hf":  # the card's snippets name the destination, not the staging folder
-            model.save_pretrained(staging, model_card_kwargs={"repo_id": str(save_directory)})
-        else:
-            save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
-            (staging / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
-    return Path(save_directory)
-
-
-def _export_payload(model, dialect, max_position_embeddings, speculative_tokens, verifier_architectures):
-    config = model.config
-    state = {key: tensor.detach().to("cpu").contiguous() for key, tensor in model.state_dict().items()}
-    llama = _llama_config_dict(config, max_position_embeddings, state["fc.weight"].dtype)
-    ids = list(config.target_layer_ids)
-    if dialect == "speculators":
-        if model.get_input_embeddings() is None:
-            raise ValueError(
-                "The speculators dialect ships the verifier's embedding (embed_tokens.weight) but the head has none: "
-                "call draft.attach_target(target) first (CLI: --target)."
-            )
-        if config.target_model_name_or_path is None:
-            raise ValueError("The speculators dialect records the verifier: set config.target_model_name_or_path.")
-        if len(ids) != 3:
-            logger.warning("vLLM's EAGLE-3 fc reads 3 target layers; this head fuses %d.", len(ids))
-        state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().to("cpu", state["fc.weight"].dtype)
-        return state, _speculators_config_dict(config, llama, speculative_tokens, verifier_architectures)
-    if config.num_hidden_layers != 1:
-        raise ValueError(
-            f"num_hidden_layers={config.num_hidden_layers}: the {dialect} dialect stores exactly one layer "
-            "('midlayer'); write 'speculators' or 'eagle3_hf' instead."
-        )
-    if config.attention_bias or config.mlp_bias:
-        raise ValueError(f"The {dialect} dialect has no attention/MLP biases; this head has some.")
-    rope_type = config.rope_parameters.get("rope_type", "default")
-    if dialect == "eagle" and (
-        len(ids) != 3 or config.head_dim * config.num_attention_heads != config.hidden_size
-        or rope_type not in ("default", "linear", "dynamic")
-    ):  # fmt: skip
-        raise ValueError(
-            "The official EAGLE code fuses exactly 3 target layers, derives head_dim = hidden_size / "
-            f"num_attention_heads and knows only linear/dynamic RoPE scaling; this head has target_layer_ids={ids}, "
-            f"head_dim={config.head_dim}, rope_type={rope_type!r}. Write 'sglang' instead."
-        )
-    if dialect == "eagle":  # it reads no ids; with L unknown, ids[-1] + 3 is the only L that could fit
-        layers = config.target_num_hidden_layers or ids[-1] + 3
-        if ids != default_target_layer_ids(layers):
-            raise ValueError(
-                f"The official EAGLE code reads no layer ids and always taps [2, L//2, L-3]; this head has "
-                f"target_layer_ids={ids}, not the defaults for L={layers} ({default_target_layer_ids(layers)}). "
-                "Write 'sglang' instead."
-            )
-    state = {
-        ("midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k): t for k, t in state.items()
-    }
-    return state, {
-        **llama,
-        "architectures": [ARCHITECTURES[dialect]],
-        "draft_vocab_size": config.draft_vocab_size,
-        "target_hidden_size": config.target_hidden_size,
-        # vLLM reads the top-level ids as layer inputs (EAGLE convention), SGLang reads eagle_config as outputs.
-        "eagle_aux_hidden_state_layer_ids": ids,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids], "use_aux_hidden_state": True},
-        "target_model_name_or_path": config.target_model_name_or_path,
-        "target_num_hidden_layers": config.target_num_hidden_layers,
-    }
-
-
-def _llama_config_dict(config: Eagle3Config, max_position_embeddings: int | None, dtype: torch.dtype) -> dict:
-    """The Llama fields engines read, with RoPE as top-level `rope_theta` / `rope_scaling` (what they look for)."""
-    rope = dict(config.rope_parameters or {})
-    theta, rope_type = rope.pop("rope_theta", 10000.0), rope.pop("rope_type", "default")
-    fields_ = {key: getattr(config, key) for key in _LLAMA_KEYS}
-    reads = rope_reads_max_position_embeddings(config.rope_parameters)
-    if max_position_embeddings not in (None, config.max_position_embeddings):
-        if reads:
-            raise ValueError(
-                f"max_position_embeddings={max_position_embeddings}: this head's {rope_type!r} RoPE computes its "
-                f"frequencies from its max_position_embeddings={config.max_position_embeddings}, so another value "
-                "would change its outputs; leave max_position_embeddings unset."
-            )
-        fields_["max_position_embeddings"] = max_position_embeddings
-    if fields_["max_position_embeddings"] == 2048:
-        advice = (
-            f"it is kept: the {rope_type!r} RoPE reads it" if reads else "pass max_position_embeddings=<the target's>"
-        )
-        logger.warning(
-            "Writing max_position_embeddings=2048 (the official placeholder), which crashes vLLM (vllm#48894); %s.",
-            advice,
-        )
-    return {
-        **fields_,
-        "model_type": "llama",
-        "rope_theta": theta,
-        # `type` for the official code and transformers 4, `rope_type` for everything newer.
-        "rope_scaling": None if rope_type == "default" else {"rope_type": rope_type, "type": rope_type, **rope},
-        "tie_word_embeddings": False,
-        "use_cache": True,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-        "transformers_version": transformers.__version__,
-    }
-
-
-def _speculators_config_dict(config, llama: dict, speculative_tokens: int, verifier_architectures) -> dict:
-    layer_config = {key: value for key, value in llama.items() if key not in ("torch_dtype", "transformers_version")}
-    return {
-        "architectures": [ARCHITECTURES["speculators"]],
-        "speculators_model_type": "eagle3",
-        "speculators_version": SPECULATORS_VERSION,
-        "transformer_layer_config": layer_config,
-        "draft_vocab_size": config.draft_vocab_size,
-        "target_hidden_size": config.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(config.target_layer_ids),
-        "target_num_hidden_layers": config.target_num_hidden_layers,  # ours: official-style taps need L
-        **dict.fromkeys(_VARIANT_SWITCHES, False),
-        "embed_requires_grad": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": config.target_model_name_or_path,
-                "architectures": list(verifier_architectures or []),
-            },
-        },
-        "torch_dtype": llama["torch_dtype"],
-        "transformers_version": llama["transformers_version"],
-    }
-
-
-@contextmanager
-def _atomic_directory(destination: Path, overwrite: bool) -> Iterator[Path]:
-    """Yield a hidden staging folder next to `destination`; rename it into place only if the body succeeds."""
-    destination = destination.absolute()
-    if destination.exists() and not destination.is_dir():
-        raise FileExistsError(f"{destination} exists and is not a folder.")
-    if destination.is_dir() and any(destination.iterdir()) and not overwrite:
-        raise FileExistsError(f"{destination} exists and is not empty; pass overwrite=True (CLI: --overwrite).")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like any other folder
-        yield staging
-        previous = staging.with_name(staging.name.replace(".partial-", ".previous-")) if destination.exists() else None
-        if previous is not None:
-            destination.rename(previous)
-        try:
-            staging.rename(destination)
-        except OSError:
-            if previous is not None:
-                previous.rename(destination)
-            raise
-        if previous is not None:
-            shutil.rmtree(previous)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # only left when something failed
-
-
 __all__ = [
-    "ARCHITECTURES",
+    "LLAMA_KEYS",
     "READABLE_DIALECTS",
-    "WRITABLE_DIALECTS",
-    "CheckpointFormatError",
+    "VARIANT_SWITCHES",
     "config_from_dialect",
     "detect_checkpoint_dialect",
     "detect_dialect",
     "from_pretrained_any_dialect",
-    "load_checkpoint_tensors",
-    "read_config_dict",
-    "resolve_checkpoint_folder",
     "rope_reads_max_position_embeddings",
-    "save_in_dialect",
-    "weight_files",
 ]

@@ -16,11 +16,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModel
 
-from eagle3_hf import Eagle3Config, Eagle3DraftModel, conversion
+from eagle3_hf import Eagle3Config, Eagle3DraftModel
+from eagle3_hf.checkpoints import writing
+from eagle3_hf.checkpoints.files import CheckpointFormatError, load_checkpoint_tensors, weight_files
+from eagle3_hf.checkpoints.reading import detect_checkpoint_dialect
+from eagle3_hf.checkpoints.writing import ARCHITECTURES, WRITABLE_DIALECTS, save_in_dialect
 from eagle3_hf.cli import main as cli_main
 from eagle3_hf.commands import convert as convert_command
-from eagle3_hf.conversion import CheckpointFormatError, detect_checkpoint_dialect, save_in_dialect
-from eagle3_hf.vocab import t2d_from_d2t
+from eagle3_hf.vocab_maps import t2d_from_d2t
 
 from .conftest import make_tiny_target
 
@@ -204,7 +207,7 @@ def test_conversion_keeps_tensors_and_converts_fields(tmp_path):
 
 
 @pytest.mark.parametrize("name", SOURCES)
-@pytest.mark.parametrize("dialect", conversion.WRITABLE_DIALECTS)
+@pytest.mark.parametrize("dialect", WRITABLE_DIALECTS)
 def test_round_trip_through_every_dialect(name, dialect, tmp_path):
     draft = load_source(name, tmp_path)
     if not draft.has_embedding:
@@ -236,7 +239,7 @@ def test_written_layouts_match_what_engines_load(tmp_path):
         config = json.loads((folder / "config.json").read_text())
         with safe_open(folder / "model.safetensors", framework="pt") as reader:
             keys = set(reader.keys())
-        assert config["architectures"] == [conversion.ARCHITECTURES[dialect]]
+        assert config["architectures"] == [ARCHITECTURES[dialect]]
         assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
         if dialect == "speculators":
             layer = config["transformer_layer_config"]
@@ -377,8 +380,8 @@ def corrupt(tmp_path, name, edit_config=None, edit_tensors=None):
         edit_config(config)
         (folder / "config.json").write_text(json.dumps(config))
     if edit_tensors:
-        (file,) = conversion.weight_files(folder)
-        tensors = conversion.load_checkpoint_tensors([file])
+        (file,) = weight_files(folder)
+        tensors = load_checkpoint_tensors([file])
         edit_tensors(tensors)
         save_file(tensors, file) if file.suffix == ".safetensors" else torch.save(tensors, file)
     return folder
@@ -439,7 +442,7 @@ def test_both_weight_files_warn_and_safetensors_is_read(tmp_path, caplog):
     folder = write_official(tmp_path / "official")  # pytorch_model.bin
     other = head_tensors("midlayer.", seed=5)
     save_file(other, folder / "model.safetensors")
-    with caplog.at_level(logging.WARNING, logger="eagle3_hf.conversion"):
+    with caplog.at_level(logging.WARNING, logger="eagle3_hf.checkpoints.files"):
         draft = Eagle3DraftModel.from_pretrained(folder, target_num_hidden_layers=LAYERS)
     assert torch.equal(draft.fc.weight, other["fc.weight"])
     assert "pytorch_model.bin and model.safetensors; reading model.safetensors" in caplog.text
@@ -463,7 +466,7 @@ def test_unknown_folders_and_truncated_files(tmp_path):
 
 def test_native_loads_are_strict_too(tmp_path, tiny_draft):
     folder = save_in_dialect(tiny_draft, tmp_path / "native", "eagle3_hf")
-    tensors = conversion.load_checkpoint_tensors([folder / "model.safetensors"])
+    tensors = load_checkpoint_tensors([folder / "model.safetensors"])
     tensors.pop("norm.weight")
     save_file(tensors, folder / "model.safetensors")
     with pytest.raises(CheckpointFormatError, match="norm.weight"):
@@ -505,7 +508,7 @@ def test_export_refusals_and_atomic_writes(tmp_path, tiny_draft, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(conversion, "save_file", interrupted)
+    monkeypatch.setattr(writing, "save_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_in_dialect(tiny_draft, tmp_path / "out", "eagle", overwrite=True)
     with pytest.raises(KeyboardInterrupt):
@@ -539,7 +542,7 @@ def test_cli_round_trip(tmp_path, capsys):
     assert spec["transformer_layer_config"]["max_position_embeddings"] == 256  # the target's, not 2048
     assert convert_command.main([str(official), str(tmp_path / "x"), "--to", "sglang"]) == 1
     assert "target_num_hidden_layers" in capsys.readouterr().err
-    assert convert_command.DIALECTS == conversion.WRITABLE_DIALECTS
+    assert convert_command.DIALECTS == WRITABLE_DIALECTS
 
 
 def test_module_entry_point_help(monkeypatch, capsys):

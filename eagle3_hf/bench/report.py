@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from .benchmark import TREE_METHODS
+from .measure import TREE_METHODS
 
 
 def _fmt(value, digits: int = 2) -> str:

@@ -4,7 +4,7 @@ The trainer holds the frozen target (`target_model=`): it is never handed to the
 eval mode without gradients. `compute_loss` keeps `Trainer`'s signature and reads top to bottom:
 
 1. target outputs: online (the target runs on the batch) or offline (cached features; logits recomputed with the
-   target's `lm_head`), see `eagle3_hf.features`;
+   target's `lm_head`), see `eagle3_hf.training.features`;
 2. the training-time test: `ttt_steps` calls of the draft's own `forward`, sharing one `DynamicCache` that
    accumulates the keys of all previous steps (gradients flow through them), each with the 4-D mask of
    `losses.ttt_attention_mask`, RoPE positions `t + k` and input hidden `fc(features)` then the draft's own output;
@@ -21,11 +21,12 @@ import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.cache_utils import DynamicCache
 
-from .configuration_eagle3 import Eagle3Config
+from ..configuration_eagle3 import Eagle3Config
+from ..generation.tree import additive_mask
+from ..modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
 from .data import DataCollatorForEagle3
 from .features import CachedFeatureDataset, TargetOutputs, offline_target_outputs, online_target_outputs
 from .losses import (
-    additive_attention_mask,
     chain_acceptance_lengths,
     feature_regression_per_position,
     shift_left,
@@ -36,7 +37,6 @@ from .losses import (
     step_targets,
     ttt_attention_mask,
 )
-from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
 from .training_args import Eagle3TrainingArguments
 
 
@@ -69,7 +69,7 @@ def unroll_training_time_test(
         mask = ttt_attention_mask(attention_mask, step)
         if config._attn_implementation != "sdpa":
             # Eager adds the mask to the scores, so it must be additive; fp32 promotes any score dtype safely.
-            mask = additive_attention_mask(mask, torch.float32)
+            mask = additive_mask(mask, torch.float32)
         own_input = {"target_hidden_states": features} if step == 0 else {"hidden_states": hidden}
         outputs = model(
             input_ids=shift_left(input_ids, 1 + step),
@@ -177,7 +177,7 @@ class Eagle3Trainer(Trainer):
             raise ValueError(
                 f"feature_mode={self.args.feature_mode!r} but the batch "
                 f"{'carries' if offline else 'lacks'} cached target_hidden_states. Offline training needs a "
-                "CachedFeatureDataset (eagle3_hf.features); online training needs plain input_ids/loss_mask samples."
+                "CachedFeatureDataset (eagle3_hf.training.features); online training needs plain input_ids/loss_mask samples."
             )
         if offline:
             return offline_target_outputs(
@@ -238,7 +238,7 @@ class Eagle3Trainer(Trainer):
         """Save the head alone (the target is not an attribute of the head), then write or update its model card."""
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            from .model_card import write_model_card
+            from ..checkpoints.model_card import write_model_card
 
             write_model_card(output_dir or self.args.output_dir, self.model, training=self._training_summary())
 

@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitInfo, HfApi, ModelCard
+from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
+from ..configuration_eagle3 import Eagle3Config
 from .model_card import create_or_update_model_card, merge_model_cards
+from .writing import save_in_dialect
 
 
 FORMATS = ("eagle3_hf", "sglang", "speculators", "eagle")
@@ -46,7 +49,7 @@ def prepare_upload_folder(
             dialect (loaded with `Eagle3DraftModel.from_pretrained`; its README.md is carried over and updated).
         folder (`str` or `os.PathLike`): where to write; must not exist or be empty.
         format (`str`, defaults to `"sglang"`): one of `FORMATS`, the checkpoint dialect written by
-            `eagle3_hf.conversion.save_in_dialect`.
+            `eagle3_hf.checkpoints.writing.save_in_dialect`.
         repo_id (`str`, *optional*): the Hub id, used in the card's usage snippets.
         target (`PreTrainedModel`, *optional*): the target; its embedding is attached to a head that has none,
             which the `"speculators"` format needs (it ships the verifier's embedding).
@@ -67,8 +70,6 @@ def prepare_upload_folder(
 
 def _write_checkpoint(model_or_folder: Any, folder: Path, format: str, target: Any) -> tuple[Any, Path | None]:
     """Export the head into `folder` (refusals raise before anything is written); returns it and its source card."""
-    from .conversion import save_in_dialect
-
     model, source_card = _load_head(model_or_folder, target)
     save_in_dialect(model, folder, format)
     return model, source_card
@@ -147,9 +148,10 @@ def push_to_hub(
 
 def _load_head(model_or_folder: Any, target: Any) -> tuple[Any, Path | None]:
     """The head to save (with `target`'s embedding if it has none) and the README.md that comes with it."""
-    from .modeling_eagle3 import Eagle3DraftModel
-
-    if isinstance(model_or_folder, Eagle3DraftModel):
+    # The head's class as `import eagle3_hf` registered it with AutoModel: importing modeling_eagle3 here would make
+    # it and this module (which its push_to_hub calls) import each other.
+    head_class = MODEL_MAPPING[Eagle3Config]
+    if isinstance(model_or_folder, head_class):
         if target is not None and not model_or_folder.has_embedding:
             model_or_folder.attach_target(target)
         return model_or_folder, None
@@ -159,7 +161,7 @@ def _load_head(model_or_folder: Any, target: Any) -> tuple[Any, Path | None]:
         )
     folder = Path(model_or_folder)
     readme = folder / "README.md"
-    return Eagle3DraftModel.from_pretrained(folder, target=target), readme if readme.is_file() else None
+    return head_class.from_pretrained(folder, target=target), readme if readme.is_file() else None
 
 
 def _download_card(api: HfApi, repo_id: str, revision: str | None, local_dir: Path) -> Path | None:

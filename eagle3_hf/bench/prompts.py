@@ -9,7 +9,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
-from .assets import HUMAN_EVAL, MT_BENCH
+from ..assets import HUMAN_EVAL, MT_BENCH
 
 
 # ShareGPT records with index >= this (among the complete records of the shipped file) are held out of training.
@@ -62,8 +62,8 @@ def load_sharegpt_heldout(
     prompts already seen: ShareGPT repeats prompts under other ids ("Hello!", "continue", pasted tasks), so about
     one in twelve held-out first turns is word for word the first turn of a record before `start`, which training
     may have used. Those, and repeats within the slice, are left out (compared after stripping whitespace).
-    `source`: the shipped ShareGPT file, or any source `eagle3_hf.data.iter_records` reads."""
-    from .data import read_sharegpt_heldout_records
+    `source`: the shipped ShareGPT file, or any source `eagle3_hf.training.records.iter_records` reads."""
+    from ..training.records import read_sharegpt_heldout_records
 
     seen = _first_user_turns(stop=start, source=source)
     prompts = []
@@ -80,7 +80,7 @@ def load_sharegpt_heldout(
 
 def _first_user_turns(stop: int, source="sharegpt") -> set[str]:
     """The stripped first user turns of `source`'s records before index `stop` (malformed records are skipped)."""
-    from .data import first_user_turn, iter_records
+    from ..training.records import first_user_turn, iter_records
 
     turns = (first_user_turn(record) for _, record in iter_records(source, limit=stop))
     return {turn.strip() for turn in turns if turn is not None}
