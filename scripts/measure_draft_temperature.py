@@ -16,48 +16,41 @@ import argparse
 
 import torch
 
-from eagle3_hf.bench.measure import _encode_chat
+from eagle3_hf.bench.measure import encode_chat
 from eagle3_hf.bench.prompts import load_prompts
-from eagle3_hf.generation import decoding
 from eagle3_hf.generation.tree import DraftTree, ancestor_matrix, sample_accept
 from eagle3_hf.loading import load_default_pair
 
 
 def root_distributions(target, tokenizer, draft, prompts, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(p, q)`, each `(positions, vocab_size)` float64: the target's and the head's distributions at the roots."""
-    captured = []
-    process = decoding.process_tree_logits
+    """`(p, q)`, each `(positions, vocab_size)` float64: the target's and the head's distributions at the roots.
 
-    def capture(processors, prefix, tree, logits):
-        scores = process(processors, prefix, tree, logits)
-        captured.append(torch.softmax(scores[0].double(), dim=-1))
-        return scores
-
-    decoding.process_tree_logits = capture  # the loop's own processed root distribution, round by round
+    The target's is the loop's own processed distribution (`output_scores`): each round's first emitted token is
+    drawn from its root's row, and the prefill's token, first of all, belongs to no round.
+    """
     p, q = [], []
-    try:
-        for index, prompt in enumerate(prompts):
-            input_ids = _encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}], target.device)
-            torch.manual_seed(index)
-            captured.clear()
-            output = target.generate(
-                input_ids,
-                assistant_model=draft,
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=max_new_tokens,
-                tree_lookup_tokens=0,
-                return_dict_in_generate=True,
-                output_draft_trees=True,
-            )
-            for tree, target_probs in zip(output.draft_trees, captured):
-                if tree.draft_probs is not None:  # the last round may be a bare root (no room left to draft)
-                    p.append(target_probs)
-                    q.append(tree.draft_probs[0].double())
-    finally:
-        decoding.process_tree_logits = process
+    for index, prompt in enumerate(prompts):
+        input_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}], target.device)
+        torch.manual_seed(index)
+        output = target.generate(
+            input_ids,
+            assistant_model=draft,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            tree_lookup_tokens=0,
+            return_dict_in_generate=True,
+            output_scores=True,
+            output_draft_trees=True,
+        )
+        first_tokens = 1 + torch.cumsum(output.num_accepted_tokens, 0) - output.num_accepted_tokens
+        for tree, first in zip(output.draft_trees, first_tokens.tolist()):
+            # the last round may be a bare root (no room left to draft), or cut before its first token
+            if tree.draft_probs is not None and first < len(output.scores):
+                p.append(torch.softmax(output.scores[first][0].double(), dim=-1))
+                q.append(tree.draft_probs[0].double())
     return torch.stack(p), torch.stack(q)
 
 

@@ -24,13 +24,12 @@ import argparse
 import os
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.generation import decoding, drafter, original_generate
+from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
 from eagle3_hf.loading import load_target
 
@@ -41,25 +40,6 @@ PARAGRAPH = (
     "in a single forward pass. When the proposals are right, several tokens are produced for the price of one "
     "target step; when they are wrong, nothing is lost but the time spent drafting and verifying. "
 )
-
-
-@contextmanager
-def timed(owner, name: str, log: list[float]):
-    """Record the wall time of every call of `owner.name` into `log`."""
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            log.append(time.perf_counter() - start)
-
-    setattr(owner, name, wrapper)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 class Clock(BaseStreamer):
@@ -88,31 +68,29 @@ def plain_step_seconds(target, input_ids, new_tokens: int) -> list[float]:
 
 
 def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[int, int, int]) -> dict:
-    """The time of every round, and of every part of a round, for one tree shape.
+    """The time of every round, and of every part of a round, for one tree shape (pinned: no plain steps).
 
-    The last `depth` rounds are left out: near `max_new_tokens` the tree is cut shorter, which makes them cheaper.
+    The parts are what `Eagle3GenerateOutput.round_seconds` reports: `draft` (growing the tree), `verify` (the
+    target's forward), `update` (encoding the accepted tokens into the draft) and `other` (acceptance, emitting and
+    compacting the cache). The last `depth` rounds are left out: near `max_new_tokens` the tree is cut shorter, which
+    makes them cheaper.
     """
     total, depth, top_k = shape
     clock = Clock()
-    logs = {"grow": [], "verify": [], "draft_update": [], "compact": []}
-    with (
-        timed(drafter.TreeDrafter, "grow", logs["grow"]),
-        timed(drafter.TreeDrafter, "extend", logs["draft_update"]),
-        timed(decoding, "verify_tree", logs["verify"]),
-        timed(decoding, "keep_tree_entries", logs["compact"]),
-    ):
-        target.generate(
-            input_ids,
-            assistant_model=draft,
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            tree_total_tokens=total,
-            tree_depth=depth,
-            tree_top_k=top_k,
-            streamer=clock,
-        )
-    logs["draft_update"] = logs["draft_update"][1:]  # the first call encodes the prompt (prefill, not a round)
-    timings = {part: values[: len(values) - depth] for part, values in logs.items()}
+    output = target.generate(
+        input_ids,
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        tree_total_tokens=total,
+        tree_depth=depth,
+        tree_top_k=top_k,
+        tree_pack_weights=False,  # packed (or not) by main, as --pack-weights says
+        streamer=clock,
+        return_dict_in_generate=True,
+    )
+    parts = {"grow": "draft", "verify": "verify", "draft_update": "update", "other": "other"}
+    timings = {part: list(output.round_seconds[name][: -depth or None]) for part, name in parts.items()}
     timings["round"] = clock.intervals(skip_last=depth)
     return timings
 
@@ -166,14 +144,14 @@ def main() -> None:
     # estimates the undisturbed cost; the median shows how noisy the machine was.
     step = min(plain)
     print(f"\nplain greedy step: {step * 1000:.1f} ms fastest, {statistics.median(plain) * 1000:.1f} ms median\n")
-    print("| total x depth x top_k | round ms (median) | round / step | grow | verify | draft update | compact |")
+    print("| total x depth x top_k | round ms (median) | round / step | grow | verify | draft update | other |")
     print("|---|---|---|---|---|---|---|")
     for shape in shapes:
         ms = {part: min(values) * 1000 for part, values in runs[shape].items()}
         print(
             f"| {'x'.join(map(str, shape))} | {ms['round']:.1f} ({statistics.median(runs[shape]['round']) * 1000:.0f}) "
             f"| {ms['round'] / 1000 / step:.2f} | {ms['grow']:.1f} | {ms['verify']:.1f} | {ms['draft_update']:.1f} "
-            f"| {ms['compact']:.2f} |"
+            f"| {ms['other']:.2f} |"
         )
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 

@@ -27,6 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel, eagle3_generate
 from eagle3_hf.generation import decoding, original_generate
+from eagle3_hf.generation.cost_model import PLAIN_STEP, TreeShape
 
 from .conftest import make_tiny_target
 from .oracle_draft import OracleDraft, sharpen
@@ -54,7 +55,11 @@ def random_prompt(length: int, seed: int, vocab: int = 128) -> torch.LongTensor:
 
 
 def tree_generate(target, draft, prompt, noise=0.3, **kwargs):
+    """Tree decoding with the oracle draft; a fixed tree shape unless `tree_adaptive` or `tree_planner` is passed
+    (these tests check the tree itself: the adaptive planner's plain steps would hide it)."""
     draft.reset(target, prompt, noise=noise, seed=int(prompt.sum()))
+    if "tree_planner" not in kwargs:
+        kwargs.setdefault("tree_adaptive", False)
     return target.generate(
         prompt, assistant_model=draft, return_dict_in_generate=True, output_draft_trees=True, **kwargs
     )
@@ -90,6 +95,70 @@ def test_greedy_is_bit_identical_to_plain_generate(name):
         assert torch.equal(out.sequences, expected), f"prompt {seed}"
         outputs.append(out)
     assert_tree_paths_exercised(outputs)
+
+
+class ScriptedPlanner:
+    """A planner that cycles through fixed shapes, plain steps included, whatever the rounds cost or accept."""
+
+    def __init__(self, shapes):
+        self.shapes, self.calls, self.recorded = list(shapes), 0, []
+
+    def choose(self) -> TreeShape:
+        self.calls += 1
+        return self.shapes[(self.calls - 1) % len(self.shapes)]
+
+    def record_plain(self, seconds):
+        self.recorded.append((PLAIN_STEP, 0))
+
+    def record_tree(self, shape, accepted, tree_depth, *seconds):
+        self.recorded.append((shape, accepted))
+
+
+SHAPE_CYCLE = [TreeShape(8, 3), PLAIN_STEP, PLAIN_STEP, TreeShape(4, 1), TreeShape(12, 5), PLAIN_STEP, TreeShape(6, 2)]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "mistral-sliding", "gemma3-sliding"])
+def test_greedy_stays_identical_while_the_shape_changes_between_rounds(name):
+    """Plain steps and trees of other sizes and depths in turn: the output is still plain generate's, and every
+    tree after plain steps accepts tokens again (the deferred draft update keeps the head's cache right)."""
+    config_class, overrides, attn = ARCHITECTURES[name]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    for seed, length in enumerate([5, 12, 20]):  # 12, 20 > window 8
+        prompt = random_prompt(length, seed)
+        planner = ScriptedPlanner(SHAPE_CYCLE)
+        expected = original_generate(target, prompt, do_sample=False, max_new_tokens=30)
+        out = tree_generate(target, draft, prompt, 0.0, do_sample=False, max_new_tokens=30, tree_planner=planner)
+        assert torch.equal(out.sequences, expected), f"prompt {seed}"
+        assert [shape.depth for shape in out.round_shapes[:7]] == [shape.depth for shape in SHAPE_CYCLE]
+        trees_after_plain = [
+            accepted
+            for (before, _), (shape, accepted) in zip(planner.recorded, planner.recorded[1:])
+            if before.is_plain and not shape.is_plain
+        ]
+        assert trees_after_plain and min(trees_after_plain) >= 1  # noise 0: the oracle's drafts are right
+        assert all(shape.total_tokens == 1 for shape in out.round_shapes if shape.is_plain)
+
+
+def test_the_adaptive_default_is_exact_and_reports_its_shapes_and_its_cost(llama_pair):
+    """No tree argument: the planner decides each round (here, timed on a tiny model, whatever pays), starting from
+    the default shape, pricing one plain step, and costing little itself."""
+    target, draft = llama_pair
+    prompt = random_prompt(9, 4)
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=40)
+    draft.reset(target, prompt, noise=0.3, seed=1)
+    out = target.generate(
+        prompt, assistant_model=draft, do_sample=False, max_new_tokens=40, return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, expected)
+    default = decoding.DEFAULT_TREE
+    assert out.round_shapes[0] == TreeShape(default.total_tokens, default.depth) and out.round_shapes[1].is_plain
+    assert len(out.round_shapes) == len(out.num_accepted_tokens) == len(out.round_seconds["verify"])
+    assert all(
+        count == 1 for shape, count in zip(out.round_shapes, out.num_accepted_tokens.tolist()) if shape.is_plain
+    )
+    planner, total = sum(out.round_seconds["planner"]), sum(map(sum, out.round_seconds.values()))
+    assert planner < 0.1 * total  # microseconds per round against milliseconds (measured: about 0.5%)
 
 
 @pytest.mark.parametrize("processors", [dict(repetition_penalty=1.8), dict(no_repeat_ngram_size=2, min_new_tokens=8)])
@@ -168,6 +237,8 @@ SAMPLING = {
         dict(temperature=1.0, top_k=0, top_p=1.0, tree_lookup_tokens=2, tree_sampled_draft=False),
         LogitsProcessorList(),
     ),
+    # the adaptive planner, starting from the 6 / 2 / 3 tree: a tree, a plain step, then whatever its timings say
+    "temperature-1-adaptive": (dict(temperature=1.0, top_k=0, top_p=1.0, tree_adaptive=True), LogitsProcessorList()),
 }
 NUM_SAMPLES = 500
 NUM_NEW = 4  # the first comes from the prefill; the next three from rounds that can accept two draft tokens

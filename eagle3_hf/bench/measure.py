@@ -18,8 +18,9 @@ from tqdm.auto import tqdm
 from .prompts import EvalPrompt
 
 
-METHODS = ("plain", "prompt_lookup", "chain", "tree", "tree_lookup")
-TREE_METHODS = ("tree", "tree_lookup", "chain")  # the methods whose rounds are draft-and-verify rounds of the head
+METHODS = ("plain", "prompt_lookup", "chain", "tree", "tree_lookup", "adaptive")
+# the methods whose rounds are draft-and-verify rounds of the head ("adaptive" mixes in plain steps: 1-token rounds)
+TREE_METHODS = ("tree", "tree_lookup", "chain", "adaptive")
 PROMPT_LOOKUP_NUM_TOKENS = 10
 TREE_LOOKUP_TOKENS = 4  # "tree_lookup": the EAGLE-3 tree with up to 4 prompt-lookup tokens grafted on
 
@@ -110,7 +111,9 @@ def method_kwargs(
 
     `"tree"` is the EAGLE-3 tree alone (`tree_lookup_tokens=0`, whatever the head's generation config says);
     `"tree_lookup"` grafts `resolve_tree_lookup_tokens(draft, tree_kwargs.get("tree_lookup_tokens"))` prompt-lookup
-    tokens onto it.
+    tokens onto it; both pin that shape for every round. `"adaptive"` is what `generate(assistant_model=head)` does
+    with no tree argument: the cost model picks each round's shape, plain steps included, from the head's tuned
+    shape on (only `tree_kwargs["tree_pack_weights"]` is passed on).
     """
     tree_kwargs = tree_kwargs or {}
     if method == "plain":
@@ -120,10 +123,12 @@ def method_kwargs(
     if method == "chain":
         return {"assistant_model": draft, "eagle3_mode": "chain"}
     if method == "tree":
-        return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": 0}
+        return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": 0, "tree_adaptive": False}
     if method == "tree_lookup":
         lookup = resolve_tree_lookup_tokens(draft, tree_kwargs.get("tree_lookup_tokens"))
-        return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": lookup}
+        return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": lookup, "tree_adaptive": False}
+    if method == "adaptive":
+        return {"assistant_model": draft, **{k: v for k, v in tree_kwargs.items() if k == "tree_pack_weights"}}
     raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
 
 
@@ -162,7 +167,9 @@ def timed_generate(
     return sequences[0, input_ids.shape[1] :], seconds, rounds
 
 
-def _encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
+def encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
+    """`(1, prompt_length)` input ids of `messages` with the generation prompt (plain joined text without a chat
+    template), as every method of the benchmark receives them."""
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     else:
@@ -194,7 +201,7 @@ def run_benchmark(
         raise ValueError("methods must include 'plain': speedups are measured against it.")
     device = target.device
     if warmup and prompts:
-        warm_ids = _encode_chat(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}], device)
+        warm_ids = encode_chat(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}], device)
         for method in methods:
             for _ in range(warmup):
                 timed_generate(target, warm_ids, method, 0.0, min(16, max_new_tokens), draft, tree_kwargs, seed)
@@ -209,7 +216,7 @@ def run_benchmark(
                 outputs = {}
                 for method in order:
                     history = histories[method] + [{"role": "user", "content": question}]
-                    input_ids = _encode_chat(tokenizer, history, device)
+                    input_ids = encode_chat(tokenizer, history, device)
                     new_ids, seconds, rounds = timed_generate(
                         target, input_ids, method, temperature, max_new_tokens, draft, tree_kwargs, seed + index
                     )

@@ -51,11 +51,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def tree_kwargs_from_args(args) -> dict:
+    """The tree arguments given on the command line; with `--pack-weights off`, also `tree_pack_weights=False`
+    (else `generate` would pack for the trees itself, and every method measured after it would use those kernels)."""
     names = {
         "tree_total_tokens": args.tree_total_tokens,
         "tree_depth": args.tree_depth,
         "tree_top_k": args.tree_top_k,
         "tree_lookup_tokens": args.tree_lookup_tokens,
+        "tree_pack_weights": False if args.pack_weights == "off" else None,
     }
     return {name: value for name, value in names.items() if value is not None}
 
@@ -74,6 +77,8 @@ def pack_for_methods(target, draft, args, tree) -> str:
         target_rows.extend(range(2, PROMPT_LOOKUP_NUM_TOKENS + 2))
     if "tree_lookup" in args.methods:  # same tree size; the head re-encodes accepted paths up to the chain's length
         draft_rows.extend(range(2, tree.lookup_tokens + 2))
+    if "adaptive" in args.methods:  # trees up to two levels deeper; plain steps' tokens re-encoded in one batch
+        draft_rows.extend(range(2, max(tree.depth + 2, 4) + 2))
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
 
 

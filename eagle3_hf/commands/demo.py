@@ -22,73 +22,82 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", nargs="+", default=DEMO_PROMPTS)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--no-stream", action="store_true", help="do not stream the text")
-    add_pack_weights_argument(parser, "the tree's row counts")
+    add_pack_weights_argument(parser, "the tree's row counts (generate does it by default; off opts out)")
     return parser
+
+
+def describe_shapes(shapes) -> str:
+    """`"12 rounds 8 nodes / depth 3, 3 plain steps"`: what the planner chose, most frequent first."""
+    counts: dict = {}
+    for shape in shapes:
+        counts[shape] = counts.get(shape, 0) + 1
+    parts = [
+        f"{count} plain steps"
+        if shape.is_plain
+        else f"{count} rounds {shape.total_tokens} nodes / depth {shape.depth}"
+        for shape, count in sorted(counts.items(), key=lambda item: -item[1])
+    ]
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     from transformers import TextStreamer
 
-    from ..bench.measure import timed_generate
-    from ..generation.cpu_packing import pack_for_decoding, rows_for_tree
+    from ..bench.measure import encode_chat, timed_generate
     from ..generation.decoding import resolve_tree_settings
     from ..loading import load_default_pair
 
     target, tokenizer, draft = load_default_pair(args.head, target=args.target)
     tree = resolve_tree_settings(draft, None, None, None)
-    packing = pack_for_decoding(
-        target, draft, *rows_for_tree(tree.total_tokens, tree.depth, tree.top_k, tree.lookup_tokens), args.pack_weights
-    )
     lookup = f" / {tree.lookup_tokens} prompt-lookup tokens" if tree.lookup_tokens else ""
-    print(f"tree {tree.total_tokens} nodes / depth {tree.depth} / top-k {tree.top_k}{lookup}; {packing}")
-    # the head's own settings, prompt-lookup branches included when its generation config asks for them
-    tree_method = "tree_lookup" if tree.lookup_tokens else "tree"
-    tree_kwargs = {"tree_lookup_tokens": tree.lookup_tokens}
-    total = {"plain": [0, 0.0], tree_method: [0, 0.0]}
+    print(
+        f"generate(assistant_model=head): starts from the head's tree {tree.total_tokens} nodes / depth {tree.depth} "
+        f"/ top-k {tree.top_k}{lookup} and picks each round's shape (or a plain step) from what it measures"
+    )
+    kwargs = {"tree_pack_weights": False} if args.pack_weights == "off" else {}
+    total = {"plain": [0, 0.0], "adaptive": [0, 0.0]}
     rounds: list[int] = []
-    # one short warm-up per method so the first measurement does not pay for lazy initialisation
+    # one short warm-up per method so the first measurement does not pay for lazy initialisation (and packing)
     warm = tokenizer("Hello", return_tensors="pt").input_ids
-    for method in ("plain", tree_method):
-        timed_generate(target, warm, method, 0.0, 8, draft, tree_kwargs)
+    for method in ("plain", "adaptive"):
+        timed_generate(target, warm, method, 0.0, 8, draft, kwargs)
     for prompt in args.prompts:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        input_ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+        input_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}], target.device)
         print(f"\n>>> {prompt}\n")
-        if not args.no_stream:
-            streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-            target.generate(
-                input_ids,
-                attention_mask=input_ids.new_ones(input_ids.shape),
-                assistant_model=draft,
-                do_sample=False,
-                max_new_tokens=args.max_new_tokens,
-                streamer=streamer,
-            )
-        for method in ("plain", tree_method):
+        output = target.generate(
+            input_ids,
+            attention_mask=input_ids.new_ones(input_ids.shape),
+            assistant_model=draft,
+            do_sample=False,
+            max_new_tokens=args.max_new_tokens,
+            streamer=None if args.no_stream else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+        if args.no_stream:
+            print(tokenizer.decode(output.sequences[0, input_ids.shape[1] :], skip_special_tokens=True))
+        print(f"[chosen: {describe_shapes(output.round_shapes)}]")
+        for method in ("plain", "adaptive"):
             new_ids, seconds, per_round = timed_generate(
-                target, input_ids, method, 0.0, args.max_new_tokens, draft, tree_kwargs
+                target, input_ids, method, 0.0, args.max_new_tokens, draft, kwargs
             )
             total[method][0] += len(new_ids)
             total[method][1] += seconds
-            if method == tree_method:
+            if method == "adaptive":
                 rounds += per_round
                 tree_ids = new_ids
             else:
                 plain_ids = new_ids
-        if args.no_stream:
-            print(tokenizer.decode(tree_ids, skip_special_tokens=True))
         if not (len(tree_ids) == len(plain_ids) and bool((tree_ids == plain_ids).all())):
             print("ERROR: the EAGLE-3 output differs from plain generate")
             return 1
     plain_speed = total["plain"][0] / total["plain"][1]
-    tree_speed = total[tree_method][0] / total[tree_method][1]
+    tree_speed = total["adaptive"][0] / total["adaptive"][1]
     tau = sum(rounds) / len(rounds) if rounds else float("nan")
     print(
-        f"\nplain generate: {plain_speed:.1f} tokens/s | EAGLE-3 tree: {tree_speed:.1f} tokens/s | "
-        f"tau {tau:.2f} | speedup {tree_speed / plain_speed:.2f}x (greedy outputs identical)"
+        f"\nplain generate: {plain_speed:.1f} tokens/s | EAGLE-3: {tree_speed:.1f} tokens/s | tokens per target "
+        f"forward {tau:.2f} | speedup {tree_speed / plain_speed:.2f}x (greedy outputs identical)"
     )
     return 0
 

@@ -11,6 +11,7 @@ Usage, after `import eagle3_hf`:
     target.generate(input_ids, custom_generate=eagle3_generate, draft_model=draft)   # the same, explicitly
 """
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from transformers.utils import logging
 
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
-from .cpu_packing import packing_would_help
+from .cost_model import PLAIN_STEP, RoundPlanner, TreeShape
+from .cpu_packing import is_packable_target, pack_for_tree_decoding
 from .drafter import TreeDrafter
 from .kv_cache import end_past_recording, keep_tree_entries
 from .lookup import prompt_lookup_chain
@@ -128,11 +130,20 @@ class Eagle3GenerateOutput(GenerateDecoderOnlyOutput):
             The tree verified in each round (on CPU).
         accepted_paths (`tuple[torch.LongTensor]`, *optional*, returned with `output_draft_trees=True`):
             Per round, the accepted node indices of that round's tree, root first.
+        round_shapes (`tuple[TreeShape]`):
+            The shape each round ran with (`TreeShape(total_tokens, depth)`; `depth=0` is a plain step without a
+            draft, which the adaptive planner chooses when speculation does not pay).
+        round_seconds (`dict[str, tuple[float]]`):
+            Wall time of each round's phases: `"draft"` (growing the tree, with any deferred draft update),
+            `"verify"` (the target's forward), `"update"` (encoding the accepted tokens into the draft), `"other"`
+            (acceptance, emitting, the cache) and `"planner"` (choosing the shape: the cost model's own cost).
     """
 
     num_accepted_tokens: torch.LongTensor | None = None
     draft_trees: tuple[DraftTree, ...] | None = None
     accepted_paths: tuple[torch.LongTensor, ...] | None = None
+    round_shapes: tuple[TreeShape, ...] | None = None
+    round_seconds: dict[str, tuple[float, ...]] | None = None
 
     @property
     def tau(self) -> float:
@@ -207,6 +218,9 @@ def eagle3_generate(
     tree_top_k: int | None = None,
     tree_lookup_tokens: int | None = None,
     tree_sampled_draft: bool = True,
+    tree_adaptive: bool | None = None,
+    tree_pack_weights: bool | None = None,
+    tree_planner: RoundPlanner | None = None,
     eagle3_streamer=None,
     output_draft_trees: bool = False,
     **model_kwargs,
@@ -229,10 +243,20 @@ def eagle3_generate(
             latest earlier occurrence of the last 3, 2 or 1 tokens) onto each tree, replacing its lowest-scoring
             leaves so that the node count stays `tree_total_tokens`; 0 (the default) turns it off.
             The four default to the draft's `generation_config.tree_*` attributes, then to `DEFAULT_TREE`.
+            Passing `tree_total_tokens`, `tree_depth` or `tree_top_k` pins that shape for every round.
         tree_sampled_draft (`bool`, defaults to `True`): when sampling, draw each node's children from the head's
             distribution at the sampling temperature (`TreeDrafter.grow_sampled`) and verify them by recursive
             rejection sampling, instead of taking the head's top-k; more draft tokens are accepted. Greedy decoding
             always uses the top-k tree. Either way the output distribution is the target's.
+        tree_adaptive (`bool`, *optional*): choose each round's shape from costs and acceptance measured during
+            this call (`cost_model.RoundPlanner`), plain steps without a draft included, starting from the shape
+            above; `False` runs that shape every round. Defaults to `True` unless a shape argument is passed.
+        tree_pack_weights (`bool`, *optional*): on CPU with float32 weights, MKL-pack the target's and the head's
+            linear weights for the row counts tree decoding uses and switch `sdpa` to grouped-query SDPA
+            (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
+            place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
+        tree_planner ([`RoundPlanner`], *optional*): the planner to ask for each round's shape (anything with its
+            `choose`, `record_plain` and `record_tree` methods), instead of a fresh one; implies `tree_adaptive`.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -244,20 +268,45 @@ def eagle3_generate(
         raise ValueError("eagle3_generate needs `draft_model=` (generate() drops `assistant_model` for callables).")
     _check_request(model, input_ids, logits_processor, generation_config, model_kwargs)
     settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k, tree_lookup_tokens)
+    pinned = any(value is not None for value in (tree_total_tokens, tree_depth, tree_top_k))
+    adaptive = not pinned if tree_adaptive is None else bool(tree_adaptive)
     draft = prepare_draft(draft_model, model)
-    if packing_would_help(model, settings.total_tokens):
-        logger.warning_once(
-            f"Tree decoding on CPU: every round runs the target on {settings.total_tokens} tokens, which stock "
-            f"float32 GEMM handles slowly. `eagle3_hf.pack_linear_weights(target, [{settings.total_tokens}])` "
-            "(one extra copy of the linear weights) makes each verification much cheaper; see docs/decoding.md."
-        )
+    node_counts, max_depth = _candidate_node_counts(model, settings, adaptive), _max_depth(settings, adaptive)
+    if tree_pack_weights is not False:
+        packed = pack_for_tree_decoding(model, draft, node_counts, max_depth, settings.top_k, settings.lookup_tokens)
+        if packed:
+            logger.info(packed)
+    planner = tree_planner
+    if planner is None and adaptive:
+        start = TreeShape(settings.total_tokens, settings.depth)
+        planner = RoundPlanner(node_counts, max_depth, settings.top_k, start)
     sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
     decoder = _TreeDecoder(
         model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer, sampled_draft
     )
+    decoder.planner = planner
     with torch.no_grad():
         output = decoder.run(input_ids, model_kwargs, output_draft_trees)
     return output if generation_config.return_dict_in_generate else output.sequences
+
+
+# Node counts an adaptive tree may take where every count costs no extra memory (GPU, non-float32 CPU): GEMMs of
+# these sizes are as cheap as their neighbours', and the planner interpolates between the ones it measured.
+ADAPTIVE_NODE_COUNTS = (4, 8, 16, 32, 64)
+
+
+def _candidate_node_counts(model: PreTrainedModel, settings: TreeSettings, adaptive: bool) -> list[int]:
+    """The start shape's node count alone where each count is packed separately (float32 on CPU: one weight copy
+    per count), else the start's and `ADAPTIVE_NODE_COUNTS` up to what the tree's depth and width can hold."""
+    if not adaptive or is_packable_target(model):
+        return [settings.total_tokens]
+    largest = TreeSettings(settings.total_tokens, _max_depth(settings, adaptive), settings.top_k).max_nodes
+    return sorted({settings.total_tokens, *(n for n in ADAPTIVE_NODE_COUNTS if n <= largest)})
+
+
+def _max_depth(settings: TreeSettings, adaptive: bool) -> int:
+    """The deepest tree the planner may try: two levels past the start shape (at least 4, at most 8)."""
+    return min(max(settings.depth + 2, 4), 8) if adaptive else settings.depth
 
 
 class _TreeDecoder:
@@ -276,6 +325,12 @@ class _TreeDecoder:
         self.scores = [] if keep_scores and generation_config.output_scores else None
         self.raw_logits = [] if keep_scores and generation_config.output_logits else None
         self.accepted, self.trees, self.paths = [], [], []
+        self.planner: RoundPlanner | None = None
+        self.shapes: list[TreeShape] = []
+        self.phase_seconds = {name: [] for name in ("draft", "verify", "update", "other", "planner")}
+        # (tokens (1, T), features (1, T, F)) of plain steps, encoded into the draft before its next tree
+        self.pending: list[tuple[torch.LongTensor, torch.Tensor]] = []
+        self.synchronize = torch.cuda.synchronize if model.device.type == "cuda" else None
 
     def run(self, input_ids: torch.LongTensor, model_kwargs: dict, output_draft_trees: bool) -> Eagle3GenerateOutput:
         input_device = input_ids.device
@@ -303,6 +358,8 @@ class _TreeDecoder:
             num_accepted_tokens=torch.tensor(self.accepted, dtype=torch.long),
             draft_trees=tuple(self.trees) if output_draft_trees else None,
             accepted_paths=tuple(self.paths) if output_draft_trees else None,
+            round_shapes=tuple(self.shapes),
+            round_seconds={name: tuple(values) for name, values in self.phase_seconds.items()},
         )
 
     def _prefill(self, cache: DynamicCache, model_kwargs: dict) -> bool:
@@ -333,15 +390,37 @@ class _TreeDecoder:
             self.drafter.extend(self.sequences[:, 1:], features, keep=self.padding)
         return stopped
 
+    def _clock(self) -> float:
+        """Seconds, after the device has finished what was queued (CUDA runs asynchronously)."""
+        if self.synchronize is not None:
+            self.synchronize()
+        return time.perf_counter()
+
+    def _shape(self) -> TreeShape:
+        """This round's shape: the planner's choice, or the fixed settings."""
+        if self.planner is None:
+            return TreeShape(self.settings.total_tokens, self.settings.depth)
+        start = time.perf_counter()
+        shape = self.planner.choose()
+        self.phase_seconds["planner"].append(time.perf_counter() - start)
+        return shape
+
     def _round(self, cache: DynamicCache, output_draft_trees: bool) -> bool:
-        """Draft a tree, verify it, accept a path and a bonus token, compact the cache, update the draft."""
+        """Draft a tree (none for a plain step), verify it, accept a path and a bonus token, compact the cache,
+        update the draft (deferred after plain steps), and tell the planner what it all cost."""
+        shape = self._shape()
         remaining = self.config.max_length - self.sequences.shape[1]
-        depth = max(0, min(self.settings.depth, remaining - 1))  # deeper nodes could never be emitted
-        tree = self._draft_tree(depth, remaining)
+        depth = 0 if shape.is_plain else max(0, min(shape.depth, remaining - 1))  # deeper could never be emitted
+        started = self._clock()
+        if depth > 0:
+            self._flush_pending()
+        tree = self._draft_tree(depth, remaining, shape.total_tokens)
+        drafted = self._clock()
         padding = self._padding(cache.get_seq_length())
         logits, features = verify_tree(
             self.model, tree, cache, self.position, self.layer_ids, padding, layer_kinds=self.layer_kinds
         )
+        verified = self._clock()
         scores = process_tree_logits(self.processors, self.sequences, tree, logits)
         if self.config.do_sample:
             path, bonus = sample_accept(tree, torch.softmax(scores, dim=-1))
@@ -355,15 +434,42 @@ class _TreeDecoder:
         stopped, emitted = self._emit(new_tokens, scores[path], logits[path])
         keep_tree_entries(cache, tree.num_nodes, path[:emitted])
         self.position += emitted
+        accepted = self._clock()
         if not stopped:
-            self.drafter.extend(new_tokens[None], features[path][None])
+            if depth > 0 or self.planner is None:
+                self.drafter.extend(new_tokens[None], features[path][None])
+            else:
+                self.pending.append((new_tokens[None], features[path][None]))
+        updated = self._clock()
+        self._record(shape if depth > 0 else PLAIN_STEP, tree, path, (started, drafted, verified, accepted, updated))
         return stopped
 
-    def _draft_tree(self, depth: int, remaining: int) -> DraftTree:
-        """This round's tree, with the prompt-lookup chain when asked: grafted in place of the weakest nodes of a
-        top-k tree, or (at most `(total_tokens - 1) // 2` of it) appended to a sampled tree grown that much smaller,
-        since drawn nodes cannot be dropped by score."""
-        root, num_nodes = self.sequences[0, -1], self.settings.total_tokens
+    def _flush_pending(self) -> None:
+        """Encode the tokens of the plain steps since the last tree into the draft, in one forward."""
+        if self.pending:
+            tokens, features = zip(*self.pending)
+            self.drafter.extend(torch.cat(tokens, dim=1), torch.cat(features, dim=1))
+            self.pending.clear()
+
+    def _record(self, shape: TreeShape, tree: DraftTree, path: torch.LongTensor, times: tuple[float, ...]) -> None:
+        started, drafted, verified, accepted, updated = times
+        draft, verify, other, update = drafted - started, verified - drafted, accepted - verified, updated - accepted
+        self.shapes.append(shape)
+        for name, seconds in (("draft", draft), ("verify", verify), ("update", update), ("other", other)):
+            self.phase_seconds[name].append(seconds)
+        if self.planner is None:
+            return
+        if shape.is_plain:
+            self.planner.record_plain(draft + verify + other)
+        else:
+            tree_depth = int(tree.depths.max())
+            self.planner.record_tree(shape, path.shape[0] - 1, tree_depth, verify, draft, update, other)
+
+    def _draft_tree(self, depth: int, remaining: int, num_nodes: int) -> DraftTree:
+        """This round's tree of `num_nodes` nodes (only the root for `depth=0`), with the prompt-lookup chain when
+        asked: grafted in place of the weakest nodes of a top-k tree, or (at most `(num_nodes - 1) // 2` of it)
+        appended to a sampled tree grown that much smaller, since drawn nodes cannot be dropped by score."""
+        root = self.sequences[0, -1]
         chain = None
         if self.settings.lookup_tokens and depth > 0:
             chain = prompt_lookup_chain(self.sequences[0], min(self.settings.lookup_tokens, remaining - 1))
@@ -371,7 +477,8 @@ class _TreeDecoder:
             temperature = self.config.temperature or 1.0
             # at most half the tree goes to the chain: with 8 nodes and 6 lookup tokens at temperature 1, a chain
             # capped at 3 gave tau 1.92 / 1.87 on HumanEval / MT-bench, against 1.87 / 1.84 uncapped
-            chain_length = 0 if chain is None else min(chain.numel(), self.settings.lookup_room(sampled=True))
+            room = TreeSettings(num_nodes, depth, self.settings.top_k).lookup_room(sampled=True)
+            chain_length = 0 if chain is None else min(chain.numel(), room)
             tree = self.drafter.grow_sampled(root, depth, num_nodes - chain_length, temperature)
             tree = tree if chain is None else append_chain(tree, chain[:chain_length])
             return tree.to(self.model.device)

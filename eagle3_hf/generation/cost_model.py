@@ -1,0 +1,267 @@
+"""A cost model measured online, inside `generate`: before each round, the shape that yields the most tokens per
+second, or no draft at all.
+
+Speculation pays only when `tokens per round / seconds per round` beats `1 / seconds per plain step`, and every
+term of that moves with the head, the target, the vocabulary, the machine, its load and the context. So
+`eagle3_generate` measures them from its own rounds and asks `RoundPlanner.choose()` before each one:
+
+- **Costs.** Seconds of a plain one-token step; of verifying `n` nodes (per node count seen, interpolated
+  linearly in `n` between and beyond them, a plain step being the one-node case); of the draft's root expansion and of each further draft level; of
+  the draft update and of the rest of a round. All are exponentially weighted means (`decay`), so they follow a
+  machine that gets busier or a context that gets longer.
+- **Acceptance.** The conditional acceptance rate at each draft position, `alpha[j] = P(position j accepted |
+  positions < j accepted)`, per node count, from the rounds themselves: a round that accepted `a` draft tokens of
+  a tree `d` deep reached positions `1 .. min(a + 1, d)` and passed `1 .. a`. The expected draft tokens of a depth
+  `d` tree are `sum_j prod_{i <= j} alpha[i]`. A position with few observations leans on the one before it (a
+  prior worth `prior_weight` rounds), which is optimistic for depths not tried yet and so explores them.
+- **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps, and the
+  interval doubles (up to `max_probe_interval`) each time plain still wins after it, so a useless head costs a
+  vanishing share of the time while a head that becomes useful (an easy passage, a repeated span) is found again.
+
+Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
+greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
+
+Pure Python, no tensors: the planner is tested with injected timings and acceptances.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """One candidate of a round: a tree of `total_tokens` nodes and `depth` levels (`depth=0`: a plain step)."""
+
+    total_tokens: int
+    depth: int
+
+    @property
+    def is_plain(self) -> bool:
+        return self.depth == 0
+
+
+PLAIN_STEP = TreeShape(total_tokens=1, depth=0)
+
+
+class _Mean:
+    """An exponentially weighted mean (`None` until the first observation)."""
+
+    def __init__(self, decay: float):
+        self.decay, self.value = decay, None
+
+    def add(self, value: float) -> None:
+        self.value = value if self.value is None else self.decay * self.value + (1 - self.decay) * value
+
+
+@dataclass
+class _Acceptance:
+    """Decayed counts of reaching and passing each draft position (1-based), for one node count."""
+
+    reached: list[float] = field(default_factory=list)
+    passed: list[float] = field(default_factory=list)
+
+    def add(self, accepted: int, depth: int, decay: float) -> None:
+        reachable = min(accepted + 1, depth)
+        while len(self.reached) < depth:
+            self.reached.append(0.0)
+            self.passed.append(0.0)
+        for j in range(len(self.reached)):
+            self.reached[j] *= decay
+            self.passed[j] *= decay
+            if j < reachable:
+                self.reached[j] += 1.0
+                self.passed[j] += float(j < accepted)
+
+    def rates(self, depth: int, prior: float, prior_weight: float) -> list[float]:
+        """`alpha[1..depth]`: each position's rate, shrunk towards the previous position's (the first towards
+        `prior`)."""
+        rates, previous = [], prior
+        for j in range(depth):
+            reached = self.reached[j] if j < len(self.reached) else 0.0
+            passed = self.passed[j] if j < len(self.passed) else 0.0
+            rate = (passed + prior_weight * previous) / (reached + prior_weight)
+            rates.append(rate)
+            previous = rate
+        return rates
+
+
+@dataclass
+class PlannerConfig:
+    """Knobs of `RoundPlanner`; the defaults are what `eagle3_generate` uses.
+
+    Args:
+        decay (`float`): weight of the past in every running mean and count, per observation.
+        prior_acceptance (`float`): the rate assumed at draft position 1 before any round ran.
+        prior_weight (`float`): how many rounds the prior of a position is worth.
+        probe_interval (`int`): plain steps before the first probe round once plain steps win.
+        max_probe_interval (`int`): the longest interval between probes.
+        explore_every (`int`): every this many tree rounds, try the best shape one level deeper.
+    """
+
+    decay: float = 0.9
+    prior_acceptance: float = 0.5
+    prior_weight: float = 2.0
+    probe_interval: int = 4
+    max_probe_interval: int = 64
+    explore_every: int = 8
+
+
+class RoundPlanner:
+    """Chooses each round's `TreeShape` from measured costs and acceptance (see the module docstring).
+
+    Args:
+        node_counts (`list[int]`): the node counts a tree may have (on CPU: the ones whose weights are packed).
+        max_depth (`int`): the deepest tree to consider.
+        top_k (`int`): children per expanded node: a tree of depth `d` holds at most `1 + k + (d - 1) k**2` nodes.
+        start (`TreeShape`): the shape of the first tree round (the head's tuned `generation_config`).
+        config ([`PlannerConfig`], *optional*).
+    """
+
+    def __init__(
+        self,
+        node_counts: list[int],
+        max_depth: int,
+        top_k: int,
+        start: TreeShape,
+        config: PlannerConfig | None = None,
+    ):
+        self.config = config or PlannerConfig()
+        self.top_k = top_k
+        self.node_counts = sorted(set(node_counts) | {start.total_tokens})
+        self.max_depth = max(max_depth, start.depth)
+        self.start = start
+        decay = self.config.decay
+        self.plain_seconds = _Mean(decay)
+        self.verify_seconds: dict[int, _Mean] = {}
+        self.root_seconds, self.level_seconds = _Mean(decay), _Mean(decay)
+        self.update_seconds, self.other_seconds = _Mean(decay), _Mean(decay)
+        self.acceptance: dict[int, _Acceptance] = {}
+        self.plain_streak, self.probe_interval = 0, self.config.probe_interval
+        self.tree_rounds = 0
+
+    # ------------------------------------------------------------------------------------------- observations
+    def record_plain(self, seconds: float) -> None:
+        """A plain step took `seconds` (its draft update excluded)."""
+        self.plain_seconds.add(seconds)
+        self.plain_streak += 1
+
+    def record_tree(
+        self,
+        shape: TreeShape,
+        accepted: int,
+        tree_depth: int,
+        verify_seconds: float,
+        draft_seconds: float,
+        update_seconds: float,
+        other_seconds: float,
+    ) -> None:
+        """A tree round of `shape` accepted `accepted` draft tokens (the bonus token not counted) of a verified
+        tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`)."""
+        self.verify_seconds.setdefault(shape.total_tokens, _Mean(self.config.decay)).add(verify_seconds)
+        # Level 1 comes from the logits the last draft update left (no head forward); each further level is one
+        # head forward over the frontier.
+        levels = max(shape.depth - 1, 0)
+        if levels:
+            self.level_seconds.add(max(draft_seconds - (self.root_seconds.value or 0.0), 0.0) / levels)
+        else:
+            self.root_seconds.add(draft_seconds)
+        self.update_seconds.add(update_seconds)
+        self.other_seconds.add(other_seconds)
+        self.acceptance.setdefault(shape.total_tokens, _Acceptance()).add(accepted, tree_depth, self.config.decay)
+        if self.plain_streak:  # a probe
+            plain_still_wins = self._best_tree()[1] <= self.plain_rate()
+            self.probe_interval = (
+                min(2 * self.probe_interval, self.config.max_probe_interval)
+                if plain_still_wins
+                else self.config.probe_interval
+            )
+        self.plain_streak = 0
+        self.tree_rounds += 1
+
+    # ------------------------------------------------------------------------------------------------ estimates
+    def expected_draft_tokens(self, shape: TreeShape) -> float:
+        """`sum_j prod_{i <= j} alpha[i]` over the `shape.depth` positions, at `shape`'s node count."""
+        if shape.is_plain:
+            return 0.0
+        counts = self.acceptance.get(shape.total_tokens) or self._nearest_acceptance(shape.total_tokens)
+        rates = counts.rates(shape.depth, self.config.prior_acceptance, self.config.prior_weight)
+        expected, reach = 0.0, 1.0
+        for rate in rates:
+            reach *= rate
+            expected += reach
+        return expected
+
+    def _nearest_acceptance(self, total_tokens: int) -> _Acceptance:
+        """The counts of the closest node count seen at or below `total_tokens` (more nodes never accept less),
+        else empty counts (the prior alone)."""
+        below = [n for n in self.acceptance if n <= total_tokens]
+        return self.acceptance[max(below)] if below else _Acceptance()
+
+    def round_seconds(self, shape: TreeShape) -> float | None:
+        """Estimated seconds of a round of `shape`, `None` while nothing is known yet."""
+        plain = self.plain_seconds.value
+        if shape.is_plain:
+            return plain
+        verify = self._verify_estimate(shape.total_tokens)
+        if verify is None:
+            return None
+        levels = max(shape.depth - 1, 0)
+        if levels and self.level_seconds.value is None:
+            return None  # no deeper tree measured yet
+        draft = (self.root_seconds.value or 0.0) + (self.level_seconds.value or 0.0) * levels
+        return verify + draft + (self.update_seconds.value or 0.0) + (self.other_seconds.value or 0.0)
+
+    def _verify_estimate(self, total_tokens: int) -> float | None:
+        """Measured for this node count, else the line through the two nearest measured counts, a plain step
+        counting as a one-node verification (it is one: the root alone), else `None`."""
+        measured = {n: mean.value for n, mean in self.verify_seconds.items() if mean.value is not None}
+        if self.plain_seconds.value is not None:
+            measured.setdefault(1, self.plain_seconds.value)
+        if total_tokens in measured:
+            return measured[total_tokens]
+        if len(measured) >= 2:
+            (n0, t0), (n1, t1) = sorted(measured.items(), key=lambda item: abs(item[0] - total_tokens))[:2]
+            slope = max((t1 - t0) / (n1 - n0), 0.0)
+            return max(t0 + slope * (total_tokens - n0), 0.0)
+        return next(iter(measured.values()), None)
+
+    def rate(self, shape: TreeShape) -> float:
+        """Expected tokens per second of a round of `shape` (`nan` while its cost is unknown)."""
+        seconds = self.round_seconds(shape)
+        if seconds is None or seconds <= 0:
+            return math.nan
+        return (1.0 + self.expected_draft_tokens(shape)) / seconds
+
+    def plain_rate(self) -> float:
+        return self.rate(PLAIN_STEP)
+
+    def _candidates(self) -> list[TreeShape]:
+        k = self.top_k
+        depths = range(1, self.max_depth + 1)
+        return [TreeShape(n, d) for n in self.node_counts for d in depths if n <= 1 + k + (d - 1) * k * k]
+
+    def _best_tree(self) -> tuple[TreeShape, float]:
+        rated = [(shape, self.rate(shape)) for shape in self._candidates()]
+        rated = [(shape, rate) for shape, rate in rated if not math.isnan(rate)]
+        if not rated:
+            return self.start, math.nan
+        return max(rated, key=lambda item: (item[1], -item[0].total_tokens, -item[0].depth))
+
+    # ------------------------------------------------------------------------------------------------- decision
+    def choose(self) -> TreeShape:
+        """The next round's shape: `PLAIN_STEP` or a tree."""
+        if not self.verify_seconds:
+            return self.start  # the head's tuned shape first, then one plain step to price the alternative
+        if self.plain_seconds.value is None:
+            return PLAIN_STEP
+        best, best_rate = self._best_tree()
+        if not best_rate > self.plain_rate():
+            if self.plain_streak >= self.probe_interval:
+                return best
+            return PLAIN_STEP
+        if self.tree_rounds and self.tree_rounds % self.config.explore_every == 0 and best.depth < self.max_depth:
+            return TreeShape(best.total_tokens, best.depth + 1)
+        return best
+
+
+__all__ = ["PLAIN_STEP", "PlannerConfig", "RoundPlanner", "TreeShape"]

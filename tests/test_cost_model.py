@@ -1,0 +1,98 @@
+"""The round planner with injected timings and acceptances: deterministic, no clock."""
+
+import pytest
+
+from eagle3_hf.generation.cost_model import PLAIN_STEP, PlannerConfig, RoundPlanner, TreeShape
+
+
+PLAIN = 1.0  # seconds of a plain step
+START = TreeShape(8, 3)
+
+
+def make_planner(**config) -> RoundPlanner:
+    return RoundPlanner([8], max_depth=5, top_k=4, start=START, config=PlannerConfig(**config))
+
+
+def verify_seconds(total_tokens: int) -> float:
+    """A CPU-like verification: 8 nodes cost 1.4 plain steps."""
+    return PLAIN * (1 + 0.4 * (total_tokens - 1) / 7)
+
+
+def run_round(planner: RoundPlanner, accepted_of_depth) -> TreeShape:
+    """Ask the planner, then play the round: a plain step, or a tree accepting `accepted_of_depth(depth)`."""
+    shape = planner.choose()
+    if shape.is_plain:
+        planner.record_plain(PLAIN)
+    else:
+        accepted = accepted_of_depth(shape.depth)
+        draft = 0.02 + 0.05 * (shape.depth - 1)  # the root from cached logits, then a head forward per level
+        planner.record_tree(shape, accepted, shape.depth, verify_seconds(shape.total_tokens), draft, 0.05, 0.02)
+    return shape
+
+
+def test_the_first_rounds_price_the_start_shape_and_then_a_plain_step():
+    planner = make_planner()
+    assert run_round(planner, lambda depth: 0) == START
+    assert run_round(planner, lambda depth: 0) == PLAIN_STEP
+
+
+def test_picks_plain_steps_when_nothing_is_accepted_and_probes_less_and_less():
+    planner = make_planner()
+    shapes = [run_round(planner, lambda depth: 0) for _ in range(200)]
+    probes = [index for index, shape in enumerate(shapes) if not shape.is_plain and index > 0]
+    assert shapes[1:5] == [PLAIN_STEP] * 4
+    gaps = [later - earlier for earlier, later in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == 64 + 1  # doubling up to max_probe_interval plain steps
+    assert len(probes) <= 8  # about 3% of the rounds go to probes
+    assert planner.rate(PLAIN_STEP) > planner.rate(planner._best_tree()[0])
+
+
+def test_picks_the_deepest_tree_when_everything_is_accepted():
+    planner = make_planner()
+    shapes = [run_round(planner, lambda depth: depth) for _ in range(60)]
+    assert not any(shape.is_plain for shape in shapes[2:])
+    assert shapes[-1] == TreeShape(8, 5)  # explored one level at a time up to max_depth, and kept
+    assert planner.expected_draft_tokens(TreeShape(8, 5)) > 4.5
+
+
+def test_the_shape_follows_the_acceptance_mid_generation():
+    planner = make_planner()
+    phases = {"easy": lambda depth: depth, "hard": lambda depth: 0, "easy again": lambda depth: depth}
+    chosen = {}
+    for phase, accept in phases.items():
+        chosen[phase] = [run_round(planner, accept) for _ in range(120)][-20:]
+    assert not any(shape.is_plain for shape in chosen["easy"])
+    assert sum(shape.is_plain for shape in chosen["hard"]) >= 18  # plain steps, with an occasional probe
+    assert not any(shape.is_plain for shape in chosen["easy again"])  # a probe found the easy text again
+
+
+def test_middling_acceptance_picks_the_depth_that_pays_most():
+    """Position 1 accepts, later ones half the time: deeper trees cost a head forward per level for less."""
+    planner = make_planner()
+
+    def accept(depth):
+        run_round.counter = getattr(run_round, "counter", 0) + 1
+        return min(depth, 1 + run_round.counter % 2)  # 1 or 2 draft tokens, alternately
+
+    shapes = [run_round(planner, accept) for _ in range(80)]
+    assert shapes[-1].depth in (2, 3)
+    assert planner.rate(shapes[-1]) > planner.rate(PLAIN_STEP)
+
+
+def test_a_cheaper_node_count_wins_at_equal_acceptance():
+    planner = RoundPlanner([4, 8, 16], max_depth=3, top_k=4, start=TreeShape(8, 3))
+    for _ in range(40):
+        shape = planner.choose()
+        if shape.is_plain:
+            planner.record_plain(PLAIN)
+        else:
+            planner.record_tree(shape, min(shape.depth, 1), shape.depth, verify_seconds(shape.total_tokens), 0.1, 0, 0)
+    # acceptance measured at 8 nodes stands for 16 (more nodes never accept less) and the cost is interpolated
+    assert planner.round_seconds(TreeShape(16, 3)) > planner.round_seconds(TreeShape(8, 3))
+    assert planner.choose().total_tokens in (4, 8)
+
+
+@pytest.mark.parametrize("top_k, depth, largest", [(1, 3, 4), (2, 2, 7), (4, 1, 5)])
+def test_candidates_fit_the_tree_width(top_k, depth, largest):
+    planner = RoundPlanner([4, 5, 7, 8], max_depth=depth, top_k=top_k, start=TreeShape(min(largest, 4), 1))
+    assert max(shape.total_tokens for shape in planner._candidates() if shape.depth == depth) <= largest
