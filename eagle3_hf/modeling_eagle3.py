@@ -36,7 +36,8 @@ class Eagle3DraftOutput(ModelOutput):
         logits (`torch.FloatTensor` of shape `(batch_size, seq_len, draft_vocab_size)`):
             Scores over the **draft** vocabulary; map ids with `Eagle3DraftModel.draft_to_target_ids`.
         hidden_states (`torch.FloatTensor` of shape `(batch_size, seq_len, hidden_size)`):
-            Pre-norm output of the last layer, fed back as `hidden_states` of the next draft step.
+            Output of the last layer, fed back as `hidden_states` of the next draft step: pre-norm, or after `norm`
+            for `config.normed_feedback` heads (EAGLE-3.1).
         cache (`Cache`, *optional*):
             The draft's KV cache, updated with this call's keys and values.
     """
@@ -61,13 +62,15 @@ class Eagle3Attention(LlamaAttention):
 class Eagle3DecoderLayer(LlamaDecoderLayer):
     """The EAGLE-3 layer: attention over `concat(input_layernorm(embedding), hidden_norm(hidden))`.
 
-    The residual stream is the un-normed `hidden`, not the concatenation.
+    The residual stream is the un-normed `hidden` (`hidden_norm(hidden)` with `config.norm_before_residual`), not
+    the concatenation.
     """
 
     def __init__(self, config: Eagle3Config, layer_idx: int):
         super().__init__(config, layer_idx)
         self.self_attn = Eagle3Attention(config, layer_idx)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = config.norm_before_residual
 
     def forward(
         self,
@@ -79,8 +82,9 @@ class Eagle3DecoderLayer(LlamaDecoderLayer):
         **kwargs,
     ) -> torch.Tensor:
         """`inputs_embeds` and `hidden_states`: `(batch, seq, hidden_size)`; returns the pre-norm `(batch, seq, H)`."""
-        residual = hidden_states
-        attn_input = torch.cat([self.input_layernorm(inputs_embeds), self.hidden_norm(hidden_states)], dim=-1)
+        normed = self.hidden_norm(hidden_states)
+        residual = normed if self.norm_before_residual else hidden_states
+        attn_input = torch.cat([self.input_layernorm(inputs_embeds), normed], dim=-1)
         attn_output, _ = self.self_attn(
             hidden_states=attn_input,
             attention_mask=attention_mask,
@@ -112,6 +116,30 @@ class Eagle3PreTrainedModel(PreTrainedModel):
             module.reset_vocab_maps()
 
 
+def sliding_window_mask(
+    mask: torch.Tensor | None, position_ids: torch.LongTensor, kv_length: int, window: int
+) -> torch.Tensor:
+    """`mask` restricted to keys at index `j > position - window` (Transformers' sliding-window rule).
+
+    Args:
+        mask (`torch.Tensor` of shape `(batch, 1, query, kv_length)`, *optional*): bool (True = visible) or additive
+            float; `None` means causal over `kv_length` keys (key index `j <= position`).
+        position_ids (`torch.LongTensor` of shape `(batch, query)`): the queries' positions.
+
+    Returns:
+        A mask of `mask`'s kind (bool when `mask` is `None`) of shape `(batch, 1, query, kv_length)`.
+    """
+    keys = torch.arange(kv_length, device=position_ids.device)
+    positions = position_ids[:, None, :, None]
+    inside = keys > positions - window  # shape: [B, 1, Q, K]
+    if mask is None:
+        return inside & (keys <= positions)
+    inside = inside.to(mask.device)
+    if mask.dtype == torch.bool:
+        return mask & inside
+    return mask.masked_fill(~inside, torch.finfo(mask.dtype).min)
+
+
 def _intermediate_size(text_config) -> int:
     """The target's MLP width, under the names different architectures give it (GPT-2: `n_inner`, `None` meaning
     `4 * hidden_size`; OPT: `ffn_dim`; Falcon: `ffn_hidden_size`)."""
@@ -133,6 +161,13 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
 
     def __init__(self, config: Eagle3Config):
         super().__init__(config)
+        eps = config.rms_norm_eps
+        # EAGLE-3.1 input norms (absent from plain EAGLE-3 heads, so their checkpoints keep the same tensors)
+        if config.norm_before_fc:
+            self.input_norm = LlamaRMSNorm(config.num_target_features, eps=eps)
+        if config.fc_norm:
+            features = len(config.target_layer_ids)
+            self.fc_norm = nn.ModuleList([LlamaRMSNorm(config.target_hidden_size, eps=eps) for _ in range(features)])
         self.fc = nn.Linear(config.num_target_features, config.hidden_size, bias=False)
         self.layers = nn.ModuleList(
             [Eagle3DecoderLayer(config, 0)]
@@ -144,8 +179,12 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         # Deliberately not a registered submodule: the embedding belongs to the target (frozen, not saved, not
-        # moved or cast with the head, not seen by the optimizer). See `attach_target`.
-        self._embedding: nn.Module | None = None
+        # moved or cast with the head, not seen by the optimizer). See `attach_target`. A head with a trained
+        # embedding of its own registers it as `embed_tokens` instead: saved, moved and trained with the head.
+        object.__setattr__(self, "_embedding", None)
+        if config.trained_embedding:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            object.__setattr__(self, "_embedding", self.embed_tokens)
         self.post_init()
 
     # ----------------------------------------------------------------------------------------------- vocabulary
@@ -180,14 +219,25 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         `config.draft_vocab_size`, `d2t` and `t2d` follow.
 
         Args:
-            token_ids (`torch.LongTensor` of shape `(new_draft_vocab_size,)`): target ids of the new vocabulary
-                (any order, no duplicates), e.g. `DraftVocab.token_ids` of a file from `eagle3-hf vocab`.
+            token_ids (`torch.LongTensor` of shape `(new_draft_vocab_size,)`, or a `DraftVocab`): target ids of the
+                new vocabulary (any order, no duplicates), or a vocabulary file's `DraftVocab` (`eagle3-hf vocab`),
+                whose recorded target vocabulary must be this head's (`ValueError` naming the file otherwise).
             target ([`PreTrainedModel`], *optional*): needed when `token_ids` holds ids outside the current
                 vocabulary, for their rows.
 
         Returns:
             The number of tokens that were not in the old vocabulary.
         """
+        metadata = getattr(token_ids, "metadata", None)
+        if metadata is not None:  # a DraftVocab (not imported: the head does not depend on the training package)
+            where, recorded = getattr(token_ids, "path", None) or "the draft vocabulary", token_ids.t2d.shape[0]
+            if metadata.get("vocab_size", recorded) != self.config.vocab_size or recorded != self.config.vocab_size:
+                raise ValueError(
+                    f"{where}: vocab_size={metadata.get('vocab_size', recorded)} (tokenizer "
+                    f"{metadata.get('tokenizer')!r}) but the head's target vocabulary has vocab_size="
+                    f"{self.config.vocab_size}: it was built for another tokenizer."
+                )
+            token_ids = token_ids.token_ids
         d2t, t2d = maps_from_token_ids(token_ids.cpu(), self.config.vocab_size)
         new_ids = torch.arange(d2t.shape[0]) + d2t
         old_ids = self.draft_to_target_ids(torch.arange(self.config.draft_vocab_size, device=self.d2t.device)).cpu()
@@ -226,6 +276,15 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                 f"The embedding has {value.weight.shape[0]} rows but the head's config says "
                 f"vocab_size={self.config.vocab_size}."
             )
+        if self.config.trained_embedding:
+            if value is None or value.weight.shape != self.embed_tokens.weight.shape:
+                raise ValueError(
+                    f"This head's own trained embedding is {tuple(self.embed_tokens.weight.shape)}; got "
+                    f"{None if value is None else tuple(value.weight.shape)}."
+                )
+            with torch.no_grad():
+                self.embed_tokens.weight.copy_(value.weight)
+            return
         object.__setattr__(self, "_embedding", value)
 
     @property
@@ -257,14 +316,19 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                 f"The head's target_layer_ids={self.config.target_layer_ids} are the defaults for a "
                 f"{recorded}-layer target, but the target has {layers} layers."
             )
-        if self.config.target_layer_ids[-1] >= layers:
+        if self.config.target_layer_ids[-1] > layers:
             raise ValueError(
                 f"target_layer_ids={self.config.target_layer_ids} but the target has only {layers} layers."
             )
 
     def attach_target(self, target: PreTrainedModel) -> "Eagle3DraftModel":
-        """Use `target`'s input embedding (shared, frozen, never saved) after `check_target(target)`."""
+        """Use `target`'s input embedding (shared, frozen, never saved) after `check_target(target)`.
+
+        A head with a trained embedding of its own (`config.trained_embedding`) is only checked: it keeps its own.
+        """
         self.check_target(target)
+        if self.config.trained_embedding:
+            return self
         embedding = target.get_input_embeddings()
         if embedding.weight.shape[1] != self.config.hidden_size:
             raise ValueError(
@@ -282,6 +346,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                 "`draft.attach_target(target)` (generate() and Eagle3Trainer do this for you)."
             )
         weight = self._embedding.weight
+        if self.config.trained_embedding:  # the head's own: trainable like the rest of it
+            return self._embedding(input_ids.to(weight.device))
         with torch.no_grad():
             embeds = self._embedding(input_ids.to(weight.device))
         return embeds.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
@@ -307,8 +373,10 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                 Concatenated target features (low -> high), fused by `fc`. Exclusive with `hidden_states`.
             hidden_states (`torch.Tensor` of shape `(batch, seq, hidden_size)`):
                 The head's own pre-norm output from the previous step, fed back without `fc`.
-            attention_mask (`torch.Tensor`, *optional*): 2-D padding mask `(batch, past + seq)`, or a 4-D mask
-                `(batch, 1, seq, past + seq)` (float additive or bool) used as is, e.g. a tree mask.
+            attention_mask (`torch.Tensor` or `dict`, *optional*): 2-D padding mask `(batch, past + seq)`, or a 4-D
+                mask `(batch, 1, seq, past + seq)` (float additive or bool) used as is by full-attention layers, e.g.
+                a tree mask (sliding layers restrict it to their window), or a dict of 4-D masks per attention kind
+                (`"full_attention"`, `"sliding_attention"`) used as is.
             position_ids (`torch.LongTensor` of shape `(batch, seq)`, *optional*): RoPE positions; default
                 `past + arange(seq)`. No cap: RoPE is computed for any position.
             cache (`Cache`, *optional*): the draft's KV cache; created when `use_cache` and none is given.
@@ -323,7 +391,7 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
                     f"target_hidden_states is {target_hidden_states.shape[-1]} wide; expected "
                     f"len(target_layer_ids) * target_hidden_size = {self.config.num_target_features}."
                 )
-            hidden_states = self.fc(target_hidden_states.to(self.fc.weight.dtype))
+            hidden_states = self.fc(self._normed_features(target_hidden_states.to(self.fc.weight.dtype)))
         elif hidden_states.shape[-1] != self.config.hidden_size:
             raise ValueError(f"hidden_states is {hidden_states.shape[-1]} wide; expected {self.config.hidden_size}.")
 
@@ -335,30 +403,67 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=inputs_embeds.device).unsqueeze(0)
 
-        mask = create_causal_mask(
+        masks = self._attention_masks(attention_mask, inputs_embeds, cache, position_ids)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+
+        first_mask = masks[self.config.layer_type(0)]
+        hidden_states = self.layers[0](
+            inputs_embeds, hidden_states, first_mask, position_embeddings, cache if use_cache else None, **kwargs
+        )
+        for index, layer in enumerate(self.layers[1:], start=1):
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=masks[self.config.layer_type(index)],
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                cache=cache if use_cache else None,
+                **kwargs,
+            )
+        if self.config.normed_feedback:  # EAGLE-3.1: the next step reads the normed state; logits are the same
+            hidden_states = self.norm(hidden_states)
+        kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        if self.config.norm_before_lm_head and not self.config.normed_feedback:
+            kept = self.norm(kept)
+        logits = self.lm_head(kept)
+        return Eagle3DraftOutput(logits=logits, hidden_states=hidden_states, cache=cache if use_cache else None)
+
+    def _normed_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The EAGLE-3.1 input norms (`norm_before_fc` or `fc_norm`) on `(batch, seq, num_target_features)`."""
+        if self.config.norm_before_fc:
+            return self.input_norm(features)
+        if self.config.fc_norm:
+            chunks = features.split(self.config.target_hidden_size, dim=-1)
+            return torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return features
+
+    def _attention_masks(self, attention_mask, inputs_embeds, cache, position_ids) -> dict:
+        """The mask of each attention kind the head's layers use: `{"full_attention": ..., "sliding_attention": ...}`.
+
+        A dict `attention_mask` is taken as is (the training-time test builds its windows on its own key layout).
+        Otherwise the full mask is Transformers' causal mask (a 4-D tensor used as is), and the sliding one is that
+        mask restricted to keys at index `> position - window`: the key index is the position in every cache the
+        head fills (the drafter's stable entries; tree entries are the newest, always inside the window).
+        """
+        if isinstance(attention_mask, dict):
+            needed = {self.config.layer_type(i) for i in range(self.config.num_hidden_layers)}
+            if missing := sorted(needed - attention_mask.keys()):
+                raise ValueError(f"attention_mask has no entry for the head's {missing} layers.")
+            return attention_mask
+        full = create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             cache=cache,
             position_ids=position_ids,
         )
-        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-
-        hidden_states = self.layers[0](
-            inputs_embeds, hidden_states, mask, position_embeddings, cache if use_cache else None, **kwargs
-        )
-        for layer in self.layers[1:]:
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=mask,
-                position_embeddings=position_embeddings,
-                position_ids=position_ids,
-                cache=cache if use_cache else None,
-                **kwargs,
+        masks = {"full_attention": full}
+        if self.config.draft_layer_types is not None and "sliding_attention" in self.config.draft_layer_types:
+            past = cache.get_seq_length() if cache is not None else 0
+            kv_length = full.shape[-1] if full is not None else past + inputs_embeds.shape[1]
+            masks["sliding_attention"] = sliding_window_mask(
+                full, position_ids, kv_length, self.config.draft_sliding_window
             )
-        kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
-        logits = self.lm_head(self.norm(kept))
-        return Eagle3DraftOutput(logits=logits, hidden_states=hidden_states, cache=cache if use_cache else None)
+        return masks
 
     # -------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -373,6 +478,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         config = cls.config_from_target(target, **overrides)
         embedding = target.get_input_embeddings().weight
         draft = cls(config).to(device=embedding.device, dtype=embedding.dtype)
+        if config.trained_embedding:  # an embedding of its own starts as a copy of the target's
+            draft.set_input_embeddings(target.get_input_embeddings())
         return draft.attach_target(target)
 
     @torch.no_grad()

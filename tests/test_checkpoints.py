@@ -255,7 +255,9 @@ def test_written_layouts_match_what_engines_load(tmp_path):
             }
             assert config["eagle_aux_hidden_state_layer_ids"] == DEFAULT_IDS  # vLLM: layer inputs
             assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang: layer outputs
-            assert config["draft_vocab_size"] == DRAFT_VOCAB and config["target_hidden_size"] == H
+            assert config["draft_vocab_size"] == DRAFT_VOCAB
+            # the official code copies the target's embedding only when the key is absent
+            assert ("target_hidden_size" in config) is (dialect == "sglang")
         assert layer["rope_theta"] == 1e6 and layer["max_position_embeddings"] == 256
         assert layer["tie_word_embeddings"] is False
 
@@ -336,7 +338,9 @@ ROPE_SCALINGS = {
 @pytest.mark.parametrize("rope", ROPE_SCALINGS)
 def test_the_target_never_changes_the_rope(rope, tmp_path):
     scaling, positions = ROPE_SCALINGS[rope]
-    folder = write_official(tmp_path / "official", rope_scaling=scaling)
+    # The official code implements only linear and dynamic scaling: the others are SGLang heads of that layout.
+    dialect = {} if rope in ("dynamic", "linear") else {"architectures": ["LlamaForCausalLMEagle3"]}
+    folder = write_official(tmp_path / "official", rope_scaling=scaling, **dialect)
     target = make_tiny_target()
     plain = Eagle3DraftModel.from_pretrained(folder, target_num_hidden_layers=LAYERS, dtype=torch.float32)
     attached = Eagle3DraftModel.from_pretrained(folder, target=target, dtype=torch.float32)
@@ -401,7 +405,10 @@ BAD_INPUTS = {  # name -> (fixture, config edit, tensor edit, error pattern)
     "d2t order": ("modelopt", None, lambda t: t.__setitem__("d2t", t["d2t"].flip(0)), "strictly increasing"),
     "no hidden_size": ("sglang", lambda c: c.pop("hidden_size"), None, "missing required field hidden_size"),
     "no layer count": ("official-bin", None, None, "target_num_hidden_layers=L"),
-    "unsupported variant": ("speculators", _set("norm_before_residual", True), None, "norm_before_residual"),
+    "switch of another engine": ("modelopt", _set("norm_output", True), None,
+                                 "norm_output=true, but the modelopt dialect's engine has no such switch"),
+    "sliding layers without a window": ("speculators", lambda c: c["transformer_layer_config"].update(
+        layer_types=["sliding_attention"]), None, "draft_sliding_window=None: sliding layers need a positive window"),
     "id conventions disagree": ("sglang", _set("eagle_aux_hidden_state_layer_ids", [1, 3, 4]), None, "different"),
     "eagle-1": ("modelopt", lambda c: c.pop("draft_vocab_size"),
                 lambda t: [t.pop(k) for k in list(t) if "hidden_norm" in k], "EAGLE-1/EAGLE-2"),
@@ -552,3 +559,132 @@ def test_module_entry_point_help(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_module("eagle3_hf.commands.convert", run_name="__main__")
     assert exit_info.value.code == 0 and "--to {eagle3_hf,eagle,sglang,speculators}" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- the official loader's rules
+# SafeAILab/EAGLE is not installable; these pin what its loader does with the files we write (eagle/model/
+# configs.py EConfig, cnets.py Model and LlamaAttention._init_rope, ea_model.py EaModel.__init__; checked at
+# commit cb7e084), as listed in docs/checkpoint-dialects.md.
+def official_export(tmp_path, **overrides):
+    """An `eagle` export of a converted official head (3 default taps, head_dim = H / heads) with `overrides`."""
+    draft = Eagle3DraftModel.from_pretrained(write_official(tmp_path / "src"), target_num_hidden_layers=LAYERS)
+    for key, value in overrides.items():
+        setattr(draft.config, key, value)
+    folder = save_in_dialect(draft, tmp_path / "out", "eagle", max_position_embeddings=256)
+    with safe_open(folder / "model.safetensors", framework="pt") as reader:
+        keys = set(reader.keys())
+    return draft, json.loads((folder / "config.json").read_text()), keys
+
+
+def test_official_exports_leave_target_hidden_size_out_so_the_target_embedding_is_copied(tmp_path):
+    # cnets.Model: `if load_emb and not hasattr(config, "target_hidden_size")` copies the target's embedding;
+    # with the key present (even null) it keeps a random one and loads non-strictly, silently.
+    _, config, keys = official_export(tmp_path)
+    assert "target_hidden_size" not in config and "embed_tokens.weight" not in keys
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
+
+
+def test_official_exports_refuse_a_wider_target_without_an_own_embedding(tmp_path):
+    draft = Eagle3DraftModel.from_pretrained(write_official(tmp_path / "src"), target_num_hidden_layers=LAYERS)
+    draft.config.target_hidden_size = 2 * H  # a config-only change: the refusal comes before the tensors
+    with pytest.raises(ValueError, match="target_hidden_size=64 != hidden_size=32"):
+        save_in_dialect(draft, tmp_path / "out", "eagle")
+    assert not (tmp_path / "out").exists()
+
+
+def test_official_exports_write_rope_scaling_as_econfig_requires_it(tmp_path):
+    # EConfig._rope_scaling_validation: a dict of exactly two fields, type in (linear, dynamic), factor a float > 1;
+    # LlamaAttention._init_rope then builds the scaled RoPE at base 10000, without reading rope_theta.
+    rope = {"rope_type": "linear", "factor": 2, "rope_theta": 10000.0}
+    _, config, _ = official_export(tmp_path, rope_parameters=rope)
+    assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}
+    assert isinstance(config["rope_scaling"]["factor"], float) and "rope_theta" not in config
+    _, config, _ = official_export(tmp_path / "default")
+    assert config["rope_scaling"] is None and config["rope_theta"] == 10000.0  # read when rope_scaling is null
+
+
+def test_official_exports_refuse_what_the_official_rope_would_compute_differently(tmp_path):
+    draft = Eagle3DraftModel.from_pretrained(write_official(tmp_path / "src"), target_num_hidden_layers=LAYERS)
+    draft.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
+    with pytest.raises(ValueError, match="base 10000 whenever rope_scaling is set"):
+        save_in_dialect(draft, tmp_path / "out", "eagle")
+    draft.config.rope_parameters = {"rope_type": "linear", "factor": 1.0, "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match="float > 1"):
+        save_in_dialect(draft, tmp_path / "out", "eagle")
+
+
+def test_official_heads_with_rope_scaling_read_at_base_10000_whatever_rope_theta_says(tmp_path, caplog):
+    scaled = {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_theta": 500000.0}
+    with caplog.at_level(logging.WARNING):
+        draft = Eagle3DraftModel.from_pretrained(write_official(tmp_path / "a", **scaled), target_num_hidden_layers=8)
+    assert draft.config.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert "rope_theta=500000.0 is ignored" in caplog.text
+    # our earlier three-key form is read the same way; a type the official code lacks is refused
+    three = {"rope_scaling": {"type": "linear", "rope_type": "linear", "factor": 2.0}}
+    draft = Eagle3DraftModel.from_pretrained(write_official(tmp_path / "b", **three), target_num_hidden_layers=8)
+    assert draft.config.rope_parameters["rope_type"] == "linear"
+    with pytest.raises(CheckpointFormatError, match="implements only"):
+        Eagle3DraftModel.from_pretrained(
+            write_official(tmp_path / "c", rope_scaling={"type": "yarn", "factor": 2.0}), target_num_hidden_layers=8
+        )
+
+
+def test_official_exports_drop_the_maps_of_a_full_vocabulary_and_ship_a_trained_embedding(tmp_path):
+    # EaModel deletes d2t/t2d when vocab_size == draft_vocab_size; a shipped embed_tokens.weight replaces the
+    # target's copy (load_state_dict(strict=False) runs after it), so the official code runs a trained embedding.
+    draft = Eagle3DraftModel.from_target(make_tiny_target(), trained_embedding=True)  # full vocabulary
+    torch.nn.init.normal_(draft.embed_tokens.weight)
+    folder = save_in_dialect(draft, tmp_path / "out", "eagle")
+    tensors = load_checkpoint_tensors(weight_files(folder))
+    assert "d2t" not in tensors and "t2d" not in tensors
+    torch.testing.assert_close(tensors["embed_tokens.weight"], draft.embed_tokens.weight)
+    loaded = Eagle3DraftModel.from_pretrained(folder, target=make_tiny_target())
+    assert loaded.config.trained_embedding
+    torch.testing.assert_close(loaded.get_input_embeddings().weight, draft.embed_tokens.weight)
+
+
+def test_single_layer_dialects_refuse_what_their_engines_cannot_run(tmp_path, tiny_target):
+    cases = {
+        "eagle": {"normed_feedback": True, "fc_norm": True, "num_hidden_layers": 2},
+        "sglang": {
+            "normed_feedback": True, "norm_before_fc": True, "norm_before_residual": True, "trained_embedding": True,
+            "num_hidden_layers": 2, "target_layer_ids": [2, 4, 5, 8],
+        },
+    }  # fmt: skip
+    for dialect, overrides in cases.items():
+        for key, value in overrides.items():
+            config = {"draft_vocab_size": DRAFT_VOCAB, key: value}
+            if key == "num_hidden_layers":
+                config["draft_layer_types"] = None
+            draft = Eagle3DraftModel.from_target(tiny_target, **config)
+            with pytest.raises(ValueError, match=key if key != "target_layer_ids" else "exactly 3"):
+                save_in_dialect(draft, tmp_path / dialect / key, dialect)
+    sliding = Eagle3DraftModel.from_target(
+        tiny_target, draft_vocab_size=DRAFT_VOCAB, draft_layer_types=["sliding_attention"], draft_sliding_window=8
+    )
+    with pytest.raises(ValueError, match="draft_layer_types"):
+        save_in_dialect(sliding, tmp_path / "sliding", "sglang")
+    spec_forge_style = Eagle3DraftModel.from_target(
+        tiny_target, draft_vocab_size=DRAFT_VOCAB, norm_before_lm_head=False
+    )
+    spec_forge_style.config.target_model_name_or_path = "tiny/target"
+    with pytest.raises(ValueError, match="speculators always computes the logits after the final norm"):
+        save_in_dialect(spec_forge_style, tmp_path / "nonorm", "speculators")
+
+
+def test_switches_an_engine_lacks_are_refused_on_read(tmp_path):
+    with pytest.raises(CheckpointFormatError, match="norm_before_fc=true, but the sglang dialect's engine"):
+        Eagle3DraftModel.from_pretrained(write_sglang(tmp_path / "a", norm_before_fc=True))
+    with pytest.raises(CheckpointFormatError, match="layer_types has sliding_attention layers"):
+        Eagle3DraftModel.from_pretrained(
+            write_sglang(tmp_path / "b", layer_types=["sliding_attention"], sliding_window=4)
+        )
+    with pytest.raises(CheckpointFormatError, match="fc_norm='yes' is not true/false"):
+        Eagle3DraftModel.from_pretrained(write_sglang(tmp_path / "c", fc_norm="yes"))
+    # SpecForge's norm_output (default true) is whether the logits are computed after the final norm
+    assert Eagle3DraftModel.from_pretrained(write_sglang(tmp_path / "d")).config.norm_before_lm_head
+    head = Eagle3DraftModel.from_pretrained(write_sglang(tmp_path / "e", norm_output=False)).config
+    assert not head.norm_before_lm_head and not head.normed_feedback
+    # speculators' norm_output feeds norm(h) back instead
+    head = Eagle3DraftModel.from_pretrained(write_speculators(tmp_path / "f", norm_output=True)).config
+    assert head.normed_feedback and head.norm_before_lm_head

@@ -216,10 +216,16 @@ class TestLossMask:
         assert "Skipping record 1," in caplog.text
 
     @pytest.mark.parametrize("loss, expected", [("all", None), ("assistant", ["Paris is the capital.", "42"])])
-    def test_no_chat_template(self, loss, expected):
+    def test_no_chat_template(self, loss, expected, caplog):
         tokenizer = make_chat_tokenizer(None, ("<s>",), bos_token="<s>", eos_token="<s>")
         messages = [CONVERSATION[0], CONVERSATION[1], CONVERSATION[2], {"role": "assistant", "content": "42"}]
-        input_ids, loss_mask = build_one(tokenizer, messages, plain_text_loss=loss)
+        with caplog.at_level(logging.WARNING, logger="eagle3_hf.training.data"):
+            input_ids, loss_mask = build_one(tokenizer, messages, plain_text_loss=loss)
+        # the log says which tokens take the loss and how to choose the other mask
+        other = "assistant" if loss == "all" else "all"
+        (line,) = [r.getMessage() for r in caplog.records if "no chat template" in r.getMessage()]
+        assert ("every token after BOS" if loss == "all" else "only the assistant turns' text") in line
+        assert f"--plain_text_loss {other}" in line
         text = "<s>" + "\n\n".join(m["content"] for m in messages)
         assert input_ids == tokenizer(text, add_special_tokens=False)["input_ids"]
         assert input_ids[0] == tokenizer.bos_token_id

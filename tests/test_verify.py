@@ -104,8 +104,16 @@ def test_masks_are_a_dict_only_for_mixed_layer_kinds():
 def test_flash_attention_is_refused_with_a_clear_error():
     model = make_tiny_target()
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="flash_attention_2.*attn_implementation='sdpa'"):
+    with pytest.raises(ValueError, match="flash_attention_2.*flash-attention keeps only.*attn_implementation='sdpa'"):
         check_tree_attention(model)
+
+
+def test_flex_attention_is_refused_for_its_own_reason():
+    model = make_tiny_target()
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="'flex_attention'.*block mask.*attn_implementation='sdpa'") as error:
+        check_tree_attention(model)
+    assert "flash" not in str(error.value)
 
 
 def test_non_dynamic_cache_layers_are_refused():

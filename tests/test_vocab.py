@@ -9,9 +9,12 @@ from datasets import Dataset
 from safetensors.torch import save_file
 
 import eagle3_hf.training.vocab as vocab_module
-from eagle3_hf.training.data import build_training_dataset
+from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.training.data import build_training_dataset, tokenizer_fingerprint
+from eagle3_hf.training.heads import build_draft_head
 from eagle3_hf.training.vocab import (
     build_draft_vocab,
+    check_draft_vocab,
     count_loss_tokens,
     load_draft_vocab,
     load_or_build_draft_vocab,
@@ -144,6 +147,29 @@ def test_command_line(tmp_path, capsys):
     vocab = load_draft_vocab(output)
     assert vocab.t2d.shape == (len(tokenizer),) and vocab.d2t.shape == (16,)  # no model config: len(tokenizer)
     assert "coverage" in capsys.readouterr().out and vocab.metadata["tokenizer"] == str(tmp_path / "tokenizer")
+    assert vocab.metadata["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
+
+
+def test_a_vocabulary_file_of_another_tokenizer_is_refused_naming_the_file(tmp_path, tiny_target):
+    # built for a 96-id tokenizer; the tiny target has 128 ids
+    path = tmp_path / "other.safetensors"
+    save_draft_vocab(build_draft_vocab(tiny_dataset(), 96, 8, tokenizer="other/tok"), path)
+    vocab = load_draft_vocab(path)
+    with pytest.raises(ValueError, match=f"{path}: vocab_size=96 .*128.*'other/tok'"):
+        check_draft_vocab(vocab, 128)
+    head = Eagle3DraftModel.from_target(tiny_target, draft_vocab_size=64)
+    with pytest.raises(ValueError, match=f"{path}: vocab_size=96.*vocab_size=128"):
+        head.replace_draft_vocab(vocab, tiny_target)
+    assert head.config.draft_vocab_size == 64  # unchanged
+    with pytest.raises(ValueError, match=str(path)):
+        build_draft_head(tiny_target, vocab)
+    # same size, another tokenizer: caught by the recorded fingerprint
+    tokenizer, other = make_chat_tokenizer(), make_chat_tokenizer(bos_token="<other>")
+    same_size = build_draft_vocab(tiny_dataset(), 128, 8, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer))
+    check_draft_vocab(same_size, 128, tokenizer)
+    with pytest.raises(ValueError, match="tokenizer_fingerprint=.*maps another tokenizer's ids"):
+        check_draft_vocab(same_size, 128, other)
+    assert head.replace_draft_vocab(same_size, tiny_target) >= 0 and head.config.draft_vocab_size == 8
 
 
 def test_command_line_reads_the_vocab_size_of_a_composite_target(tmp_path):

@@ -49,8 +49,21 @@ _HUB_KWARGS = ("revision", "cache_dir", "force_download", "token", "local_files_
 _IGNORED_KWARGS = ("trust_remote_code", "low_cpu_mem_usage", "use_safetensors", "weights_only")
 _CONFIG_FIELDS = {f.name for f in fields(Eagle3Config)}
 _LAYER_KEY = re.compile(r"^layers\.\d+\.")
-# Switches of EAGLE-3 variants (EAGLE-3.1, speculators options) whose extra norms this head does not have.
+# Switches of EAGLE-3 variants (EAGLE-3.1, speculators options) in the files of the dialects that write them.
 VARIANT_SWITCHES = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# What each dialect's engine makes of them, as `Eagle3Config` fields (absent: the engine has no such switch).
+# speculators' `norm_output` feeds norm(h) back between draft steps; SpecForge's (default true) is whether the
+# logits are computed after the final norm at all.
+DIALECT_SWITCHES = {
+    "speculators": {
+        "norm_before_residual": "norm_before_residual",
+        "norm_before_fc": "norm_before_fc",
+        "fc_norm": "fc_norm",
+        "norm_output": "normed_feedback",
+        "embed_requires_grad": "trained_embedding",
+    },
+    "sglang": {"fc_norm": "fc_norm", "norm_output": "norm_before_lm_head"},
+}
 # ModelOpt eagle_config switches -> the only value this head implements.
 _MODELOPT_SWITCHES = {"use_aux_hidden_state": True, "use_last_layernorm": True, "use_mtp_layernorm": False}
 # RoPE types whose frequencies read `original_max_position_embeddings` (transformers fills it from
@@ -146,6 +159,7 @@ def config_from_dialect(
     if not isinstance(layer, dict):
         raise CheckpointFormatError(f"{source}: missing transformer_layer_config (speculators dialect).")
     _check_variant_switches(raw, layer, dialect, source)
+    variant = _variant_fields(raw, layer, dialect, source)
     for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
         if layer.get(key) is None:
             raise CheckpointFormatError(f"{source}: missing required field {where}{key}.")
@@ -156,7 +170,10 @@ def config_from_dialect(
     fields_.setdefault("num_hidden_layers", 1)
     if dialect == "eagle":  # the official code derives head_dim = H / nH and ignores the key
         fields_["head_dim"] = layer["hidden_size"] // layer["num_attention_heads"]
-    rope = fields_["rope_parameters"] = _rope_parameters(layer, where, source)
+    if dialect == "eagle":
+        rope = fields_["rope_parameters"] = _official_rope_parameters(layer, source)
+    else:
+        rope = fields_["rope_parameters"] = _rope_parameters(layer, where, source)
     if target_max_position_embeddings is not None:
         # YaRN / LongRoPE keep theirs too: it is the scaled context transformers checks against their factor.
         if rope["rope_type"] in ("yarn", "longrope") or rope_reads_max_position_embeddings(rope):
@@ -169,6 +186,7 @@ def config_from_dialect(
     fields_["draft_vocab_size"] = raw.get("draft_vocab_size") or layer["vocab_size"]
     fields_["target_hidden_size"] = raw.get("target_hidden_size") or layer["hidden_size"]
     fields_["tie_word_embeddings"] = False
+    fields_.update(variant)
     name = overrides.pop("target_model_name_or_path", None) or _verifier_name(raw, source)
     fields_["target_model_name_or_path"] = name
     ids = overrides.pop("target_layer_ids", None) or _recorded_layer_ids(raw, dialect, source)
@@ -254,12 +272,72 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(message).split())
 
 
-def _check_variant_switches(raw: dict, layer: dict, dialect: str, source: str) -> None:
-    for key in VARIANT_SWITCHES:
-        if raw.get(key):
+def _official_rope_parameters(layer: dict, source: str) -> dict:
+    """RoPE as the official code computes it (eagle/model/cnets.py `_init_rope`, configs.py `EConfig`).
+
+    Without `rope_scaling`: base `rope_theta`, or 10000 when absent. With it: `linear` or `dynamic` scaling by
+    `factor` at base **10000**, whatever `rope_theta` says (the official code does not pass it on then).
+    """
+    scaling = _object_field(layer, "rope_scaling", source)
+    if not scaling:
+        return _rope_parameters(layer, "", source)
+    rope_type = scaling.get("type") or scaling.get("rope_type")
+    factor = scaling.get("factor")
+    if rope_type not in ("linear", "dynamic") or isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise CheckpointFormatError(
+            f"{source}: rope_scaling={scaling}; the official EAGLE code implements only {{'type': 'linear' or "
+            "'dynamic', 'factor': <float>}."
+        )
+    theta = layer.get("rope_theta")
+    if theta not in (None, 10000, 10000.0):
+        logger.warning(
+            "%s: rope_theta=%s is ignored, as the official EAGLE code ignores it when rope_scaling is set (base "
+            "10000).", source, theta,
+        )  # fmt: skip
+    return {"rope_type": rope_type, "factor": float(factor), "rope_theta": 10000.0}
+
+
+def _variant_fields(raw: dict, layer: dict, dialect: str, source: str) -> dict:
+    """The `Eagle3Config` fields of the variant switches and sliding-window layers, read as `dialect`'s engine does.
+
+    speculators and SGLang/SpecForge switches map through `DIALECT_SWITCHES`; a switch another dialect's engine
+    does not have, set to true, is refused (silently ignoring it would change the head). speculators' sliding
+    layers come from `transformer_layer_config.layer_types` and `.sliding_window` (as its model reads them;
+    `use_sliding_window` is not read); other dialects' engines read no sliding layers.
+    """
+    known = DIALECT_SWITCHES.get(dialect, {})
+    fields_ = {}
+    for key in (*VARIANT_SWITCHES, "embed_requires_grad"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise CheckpointFormatError(f"{source}: {key}={value!r} is not true/false.")
+        if key in known:
+            fields_[known[key]] = value
+        elif value:
+            readers = sorted(d for d, switches in DIALECT_SWITCHES.items() if key in switches)
             raise CheckpointFormatError(
-                f"{source}: {key}=true selects an EAGLE-3 variant eagle3_hf does not implement."
+                f"{source}: {key}=true, but the {dialect} dialect's engine has no such switch (it is read from "
+                f"{' and '.join(readers) or 'no'} checkpoints)."
             )
+    where = "transformer_layer_config." if dialect == "speculators" else ""
+    kinds = layer.get("layer_types")
+    if kinds is not None:
+        if not (isinstance(kinds, list) and all(isinstance(kind, str) for kind in kinds)):
+            raise CheckpointFormatError(f"{source}: {where}layer_types={kinds!r} is not a list of strings.")
+        if "sliding_attention" in kinds and dialect != "speculators":
+            raise CheckpointFormatError(
+                f"{source}: layer_types has sliding_attention layers, which the {dialect} dialect's engine does not "
+                "read; only speculators heads have sliding-window draft layers."
+            )
+        if set(kinds) - {"full_attention"}:
+            fields_["draft_layer_types"] = kinds
+            fields_["draft_sliding_window"] = layer.get("sliding_window")
+    return fields_
+
+
+def _check_variant_switches(raw: dict, layer: dict, dialect: str, source: str) -> None:
     if dialect == "speculators" and layer.get("model_type", "llama") != "llama":
         raise CheckpointFormatError(
             f"{source}: transformer_layer_config.model_type={layer['model_type']!r}; only Llama draft layers are "
@@ -328,7 +406,8 @@ def _native_tensors(
     Returns `(state_dict, embedding weight [vocab_size, hidden_size] or None)`.
     """
     state = {_in_memory_name(name): tensor for name, tensor in tensors.items()}
-    embedding = state.pop("embed_tokens.weight", None)
+    # A trained embedding is part of the head's own weights; any other shipped one is the verifier's copy.
+    embedding = None if config.trained_embedding else state.pop("embed_tokens.weight", None)
     if embedding is not None and tuple(embedding.shape) != (config.vocab_size, config.hidden_size):
         raise CheckpointFormatError(
             f"{source}: embed_tokens.weight has shape {tuple(embedding.shape)}; expected "
@@ -479,6 +558,9 @@ def _load_converted(
         raise ValueError("ignore_mismatched_sizes=True is not supported: a head with resized tensors is not the head.")
     if unknown := sorted(kwargs.keys() - _CONFIG_FIELDS):
         raise TypeError(f"Unexpected keyword arguments for Eagle3DraftModel.from_pretrained: {unknown}.")
+    if dialect == "eagle" and "embed_tokens.weight" in tensors:
+        # The official loader (load_state_dict(strict=False) after copying the target's) keeps a shipped one.
+        kwargs.setdefault("trained_embedding", True)
     context = None
     if target is not None:
         text = target.config.get_text_config()
@@ -491,7 +573,7 @@ def _load_converted(
     config = config_from_dialect(raw, dialect, config_source, context, **kwargs)
     state, embedding = _native_tensors(tensors, config, source, target)
     model = _build_and_load(cls, config, state, dialect, dtype, attn_implementation, source)
-    if embedding is not None:  # shipped by speculators (and SpecForge --to hf): part of this head, frozen
+    if embedding is not None:  # the verifier's, shipped by speculators (and SpecForge --to hf): frozen
         weight = embedding.to(model.fc.weight.dtype)
         model.set_input_embeddings(nn.Embedding.from_pretrained(weight, freeze=True).to(device))
     model.to(device).eval()
@@ -529,6 +611,7 @@ def _device_of(device_map) -> torch.device:
 __all__ = [
     "LLAMA_KEYS",
     "READABLE_DIALECTS",
+    "DIALECT_SWITCHES",
     "VARIANT_SWITCHES",
     "config_from_dialect",
     "detect_checkpoint_dialect",

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from ..atomic import atomic_directory
 from ..configuration_eagle3 import Eagle3Config, default_target_layer_ids
-from .reading import LLAMA_KEYS, VARIANT_SWITCHES, rope_reads_max_position_embeddings
+from .reading import DIALECT_SWITCHES, LLAMA_KEYS, rope_reads_max_position_embeddings
 
 
 logger = logging.getLogger(__name__)
@@ -79,14 +79,16 @@ def _export_payload(model, dialect, max_position_embeddings, speculative_tokens,
         if len(ids) != 3:
             logger.warning("vLLM's EAGLE-3 fc reads 3 target layers; this head fuses %d.", len(ids))
         state["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().to("cpu", state["fc.weight"].dtype)
-        return state, _speculators_config_dict(config, llama, speculative_tokens, verifier_architectures)
-    if config.num_hidden_layers != 1:
-        raise ValueError(
-            f"num_hidden_layers={config.num_hidden_layers}: the {dialect} dialect stores exactly one layer "
-            "('midlayer'); write 'speculators' or 'eagle3_hf' instead."
+        if not config.norm_before_lm_head:
+            raise ValueError(
+                "norm_before_lm_head=False (SpecForge's norm_output: false): speculators always computes the logits "
+                "after the final norm. Write 'sglang' instead."
+            )
+        layer_config = _sliding_window_fields(config)
+        return state, _speculators_config_dict(
+            config, {**llama, **layer_config}, speculative_tokens, verifier_architectures
         )
-    if config.attention_bias or config.mlp_bias:
-        raise ValueError(f"The {dialect} dialect has no attention/MLP biases; this head has some.")
+    _check_single_midlayer_head(config, dialect)
     rope_type = config.rope_parameters.get("rope_type", "default")
     if dialect == "eagle" and (
         len(ids) != 3 or config.head_dim * config.num_attention_heads != config.hidden_size
@@ -96,6 +98,11 @@ def _export_payload(model, dialect, max_position_embeddings, speculative_tokens,
             "The official EAGLE code fuses exactly 3 target layers, derives head_dim = hidden_size / "
             f"num_attention_heads and knows only linear/dynamic RoPE scaling; this head has target_layer_ids={ids}, "
             f"head_dim={config.head_dim}, rope_type={rope_type!r}. Write 'sglang' instead."
+        )
+    if dialect == "sglang" and len(ids) != 3:
+        raise ValueError(
+            f"target_layer_ids={ids}: SpecForge's and SGLang's fc reads exactly 3 target layers. Write 'speculators' "
+            "instead."
         )
     if dialect == "eagle":  # it reads no ids; with L unknown, ids[-1] + 3 is the only L that could fit
         layers = config.target_num_hidden_layers or ids[-1] + 3
@@ -108,7 +115,7 @@ def _export_payload(model, dialect, max_position_embeddings, speculative_tokens,
     state = {
         ("midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k): t for k, t in state.items()
     }
-    return state, {
+    fields_ = {
         **llama,
         "architectures": [ARCHITECTURES[dialect]],
         "draft_vocab_size": config.draft_vocab_size,
@@ -118,6 +125,75 @@ def _export_payload(model, dialect, max_position_embeddings, speculative_tokens,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids], "use_aux_hidden_state": True},
         "target_model_name_or_path": config.target_model_name_or_path,
         "target_num_hidden_layers": config.target_num_hidden_layers,
+    }
+    if dialect == "sglang":  # SpecForge's meaning of norm_output (default true): the logits are after the norm
+        fields_.update(fc_norm=config.fc_norm, norm_output=config.norm_before_lm_head)
+    else:
+        _official_fields(config, fields_, state)
+    return state, fields_
+
+
+def _check_single_midlayer_head(config: Eagle3Config, dialect: str) -> None:
+    """What the `eagle` / `sglang` engines cannot run: `ValueError` naming the field and the dialect to use."""
+    if config.num_hidden_layers != 1:  # SGLang raises for others; the official code and SpecForge build one
+        raise ValueError(
+            f"num_hidden_layers={config.num_hidden_layers}: the {dialect} dialect stores exactly one layer "
+            "('midlayer'); write 'speculators' or 'eagle3_hf' instead."
+        )
+    if config.attention_bias or config.mlp_bias:
+        raise ValueError(f"The {dialect} dialect has no attention/MLP biases; this head has some.")
+    readable = {"sglang": ("fc_norm", "norm_before_lm_head"), "eagle": ("trained_embedding",)}[dialect]
+    unsupported = {
+        "norm_before_fc": config.norm_before_fc,
+        "fc_norm": config.fc_norm,
+        "norm_before_residual": config.norm_before_residual,
+        "normed_feedback": config.normed_feedback,
+        "norm_before_lm_head": not config.norm_before_lm_head,
+        "trained_embedding": config.trained_embedding,
+        "draft_layer_types": config.draft_layer_types is not None and "sliding_attention" in config.draft_layer_types,
+    }
+    if refused := sorted(key for key, used in unsupported.items() if used and key not in readable):
+        raise ValueError(
+            f"The {dialect} dialect's engine cannot run this head's {', '.join(refused)} (set on it); write "
+            "'speculators' (vLLM) or 'eagle3_hf' instead."
+        )
+
+
+def _official_fields(config: Eagle3Config, fields_: dict, state: dict) -> None:
+    """Adjust an `eagle` config and tensors to what the official code reads (eagle/model/configs.py, cnets.py)."""
+    if config.target_hidden_size == config.hidden_size:
+        # With target_hidden_size present the official Model skips copying the target's embedding (and loads
+        # non-strictly), so it would run with a random one: the key is left out whenever it says nothing new.
+        del fields_["target_hidden_size"]
+    elif not config.trained_embedding:
+        raise ValueError(
+            f"target_hidden_size={config.target_hidden_size} != hidden_size={config.hidden_size}: the official EAGLE "
+            "code then uses no target embedding and the head ships none. Write 'sglang' instead."
+        )
+    rope = dict(config.rope_parameters)
+    if rope.get("rope_type", "default") != "default":
+        # EConfig requires exactly {type, factor} (factor a float > 1) and the scaled RoPE runs at base 10000.
+        if rope.get("rope_theta", 10000.0) != 10000.0:
+            raise ValueError(
+                f"rope_theta={rope['rope_theta']} with {rope['rope_type']!r} scaling: the official EAGLE code uses "
+                "base 10000 whenever rope_scaling is set. Write 'sglang' instead."
+            )
+        if not float(rope.get("factor", 0)) > 1.0:
+            raise ValueError(f"rope_scaling factor={rope.get('factor')}: the official EAGLE code needs a float > 1.")
+        fields_["rope_scaling"] = {"type": rope["rope_type"], "factor": float(rope["factor"])}
+        del fields_["rope_theta"]
+    if config.draft_vocab_size == config.vocab_size:  # the official loader deletes the buffers then
+        del state["d2t"], state["t2d"]
+
+
+def _sliding_window_fields(config: Eagle3Config) -> dict:
+    """speculators' `transformer_layer_config` fields for sliding-window layers (as its own trainer writes them)."""
+    if config.draft_layer_types is None:
+        return {}
+    return {
+        "layer_types": list(config.draft_layer_types),
+        "sliding_window": config.draft_sliding_window,
+        "use_sliding_window": "sliding_attention" in config.draft_layer_types,
     }
 
 
@@ -167,8 +243,7 @@ def _speculators_config_dict(config, llama: dict, speculative_tokens: int, verif
         "target_hidden_size": config.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(config.target_layer_ids),
         "target_num_hidden_layers": config.target_num_hidden_layers,  # ours: official-style taps need L
-        **dict.fromkeys(VARIANT_SWITCHES, False),
-        "embed_requires_grad": False,
+        **{key: bool(getattr(config, field)) for key, field in DIALECT_SWITCHES["speculators"].items()},
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",

@@ -101,9 +101,12 @@ def _check_draft_vocab_file(path: str, train, vocab_size: int, draft_vocab_size:
     )
 
 
-def _draft_vocab(model_args: ModelArguments, data_args: DataArguments, args: Eagle3TrainingArguments, target, train):
+def _draft_vocab(
+    model_args: ModelArguments, data_args: DataArguments, args: Eagle3TrainingArguments, target, tokenizer, train
+):
     """The draft vocabulary of the head to train, or `None` for a head that keeps its own (or the identity)."""
-    from eagle3_hf.training.vocab import load_draft_vocab, load_or_build_draft_vocab
+    from eagle3_hf.training.data import tokenizer_fingerprint
+    from eagle3_hf.training.vocab import check_draft_vocab, load_draft_vocab, load_or_build_draft_vocab
 
     vocab_size = target.config.get_text_config().vocab_size
     if model_args.draft_model_name_or_path:
@@ -114,7 +117,9 @@ def _draft_vocab(model_args: ModelArguments, data_args: DataArguments, args: Eag
                 f"--draft_vocab_file {model_args.draft_vocab_file} does not exist; with --draft_model_name_or_path "
                 "it must be a vocabulary file to switch the head to (build one with `eagle3-hf vocab`)."
             )
-        return load_draft_vocab(model_args.draft_vocab_file)
+        vocab = load_draft_vocab(model_args.draft_vocab_file)
+        check_draft_vocab(vocab, vocab_size, tokenizer)  # built by another tokenizer: refused before training
+        return vocab
     draft_vocab_size = min(model_args.draft_vocab_size, vocab_size)
     if draft_vocab_size == vocab_size:
         return None
@@ -123,7 +128,14 @@ def _draft_vocab(model_args: ModelArguments, data_args: DataArguments, args: Eag
         _check_draft_vocab_file(path, train, vocab_size, draft_vocab_size, model_args, data_args, args)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with args.main_process_first(desc="choosing the draft vocabulary"):
-        vocab = load_or_build_draft_vocab(train, vocab_size, draft_vocab_size, path, args.target_model_name_or_path)
+        vocab = load_or_build_draft_vocab(
+            train,
+            vocab_size,
+            draft_vocab_size,
+            path,
+            args.target_model_name_or_path,
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        )
     logger.info(f"Draft vocabulary {path}: coverage {vocab.coverage:.2%} of the loss tokens.")
     return vocab
 
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     layers = target.config.get_text_config().num_hidden_layers
     draft = build_draft_head(
         target,
-        _draft_vocab(model_args, data_args, args, target, train),
+        _draft_vocab(model_args, data_args, args, target, tokenizer, train),
         draft_vocab_size=model_args.draft_vocab_size,
         pretrained=model_args.draft_model_name_or_path,
         target_layer_ids=[layers - 3] if args.single_feature else None,

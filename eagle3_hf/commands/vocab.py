@@ -61,13 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     args, data_args = make_parser().parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from eagle3_hf.loading import load_tokenizer
-    from eagle3_hf.training.data import DataStats
+    from eagle3_hf.training.data import DataStats, tokenizer_fingerprint
     from eagle3_hf.training.vocab import load_or_build_draft_vocab
 
     tokenizer = load_tokenizer(args.target)
     vocab_size = args.vocab_size or _target_vocab_size(args.target, tokenizer)
     dataset, _ = training_splits(data_args, tokenizer, args.max_length, args.seed)
-    vocab = load_or_build_draft_vocab(dataset, vocab_size, args.draft_vocab_size, args.draft_vocab_file, args.target)
+    vocab = load_or_build_draft_vocab(
+        dataset,
+        vocab_size,
+        args.draft_vocab_size,
+        args.draft_vocab_file,
+        args.target,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+    )
     print(f"data: {DataStats.from_dataset(dataset)}")
     print(
         f"draft vocabulary: {args.draft_vocab_size} of {vocab_size} target ids, coverage {vocab.coverage:.4f} of "

@@ -42,11 +42,16 @@ def check_tree_attention(model: PreTrainedModel) -> None:
     attention kinds a tree mask can express (`TREE_LAYER_KINDS`)."""
     implementation = model.config._attn_implementation
     if implementation not in TREE_MASK_BACKENDS:
+        if "flash" in str(implementation):
+            why = "flash-attention keeps only a 2-D padding mask"
+        elif "flex" in str(implementation):
+            why = "flex_attention takes a block mask built from a mask function, not a 4-D tensor"
+        else:
+            why = f"only {', '.join(TREE_MASK_BACKENDS)} take one"
         raise ValueError(
             f"EAGLE-3 tree decoding verifies the draft tree with a 4-D attention mask, which the "
-            f"{implementation!r} attention backend of {type(model).__name__} cannot take (flash-attention keeps only "
-            f"a 2-D padding mask). Load the target with attn_implementation='sdpa' or 'eager', or call "
-            f"model.set_attn_implementation('sdpa')."
+            f"{implementation!r} attention backend of {type(model).__name__} cannot take ({why}). Load the target "
+            f"with attn_implementation='sdpa' or 'eager', or call model.set_attn_implementation('sdpa')."
         )
     unsupported = sorted({kind for kind, _ in attention_layer_kinds(model)} - set(TREE_LAYER_KINDS))
     if unsupported:

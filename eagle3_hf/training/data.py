@@ -324,6 +324,17 @@ def build_training_dataset(
         logger.warning(f"{source!r:.100}: skipped {stats.invalid} malformed records; the first, {first_invalid}")
     if not conversations:
         raise ValueError(f"No usable conversation in {source!r:.100} (offset={offset}, limit={limit}): {stats}.")
+    if tokenizer.chat_template is None:  # the loss mask then depends on a choice the user may not know exists
+        covered = {
+            "all": "every token after BOS (users' text too)",
+            "assistant": "only the assistant turns' text",
+        }[plain_text_loss]
+        other = "assistant" if plain_text_loss == "all" else "all"
+        logger.warning(
+            f"The tokenizer has no chat template: conversations are rendered as plain text (contents joined by blank "
+            f"lines) and the loss covers {covered} (plain_text_loss={plain_text_loss!r}). To change it pass "
+            f"plain_text_loss={other!r} (CLI: --plain_text_loss {other}), or give the tokenizer a chat template."
+        )
     settings = [_FORMAT_VERSION, tokenizer_fingerprint(tokenizer), max_length, overflow, plain_text_loss]
     digest.update(json.dumps(settings).encode())
     fingerprint = digest.hexdigest()[:16]

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset as TorchDataset
 from transformers import PreTrainedModel
 
 from ..atomic import save_safetensors_atomically, write_json_atomically
-from ..target import gather_target_features
+from ..target import capture_last_layer_output, gather_target_features
 
 
 CACHE_FORMAT_VERSION = 1
@@ -69,9 +69,12 @@ def online_target_outputs(
     num_layers = target.config.get_text_config().num_hidden_layers
     # hidden_states[L] is the post-norm last hidden state in Transformers, i.e. the input of lm_head.
     request = [*layer_ids, num_layers] if with_final_hidden else list(layer_ids)
-    outputs = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=request, use_cache=False)
+    with capture_last_layer_output(target) as captured:  # layer id L: the last layer's pre-norm output
+        outputs = target(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=request, use_cache=False
+        )
     return TargetOutputs(
-        features=gather_target_features(outputs.hidden_states, layer_ids),
+        features=gather_target_features(outputs.hidden_states, layer_ids, captured.get("hidden")),
         logits=outputs.logits.float(),
         final_hidden_states=outputs.hidden_states[num_layers] if with_final_hidden else None,
     )
@@ -224,13 +227,15 @@ def _shard_tensors(
             input_ids[i, : len(ids)] = torch.tensor(ids)
             attention_mask[i, : len(ids)] = 1
         # The decoder alone: the logits are not stored, so lm_head is skipped here.
-        outputs = decoder(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            output_hidden_states=list(plan.layer_ids),
-            use_cache=False,
-        )
-        gathered = gather_target_features(outputs.hidden_states, plan.layer_ids).to("cpu", dtype)
+        with capture_last_layer_output(target) as captured:  # layer id L: the last layer's pre-norm output
+            outputs = decoder(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                output_hidden_states=list(plan.layer_ids),
+                use_cache=False,
+            )
+        gathered = gather_target_features(outputs.hidden_states, plan.layer_ids, captured.get("hidden"))
+        gathered = gathered.to("cpu", dtype)
         final = outputs.last_hidden_state.to("cpu", dtype)
         for i, length in enumerate(lengths):
             features.append(gathered[i, :length])

@@ -9,7 +9,7 @@ import logging
 from transformers import PreTrainedModel
 
 from ..modeling_eagle3 import Eagle3DraftModel
-from .vocab import DraftVocab
+from .vocab import DraftVocab, check_draft_vocab
 
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ def build_draft_head(
         freeze_lm_head (`bool`, *optional*, defaults to `False`): do not train `lm_head`.
     """
     text_config = target.config.get_text_config()
+    if draft_vocab is not None:
+        check_draft_vocab(draft_vocab, text_config.vocab_size)
     if pretrained is not None:
         draft = Eagle3DraftModel.from_pretrained(pretrained, target=target)
         if draft_vocab is not None:

@@ -63,7 +63,7 @@ def step_loss_mask(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
     return shift_left(loss_mask.bool(), 2 + step)
 
 
-def ttt_attention_mask(attention_mask: torch.Tensor, step: int) -> torch.BoolTensor:
+def ttt_attention_mask(attention_mask: torch.Tensor, step: int, sliding_window: int | None = None) -> torch.BoolTensor:
     """Boolean attention mask of TTT step `step` against the keys of steps `0..step` (True = visible).
 
     Query `(t, step)` sees the step-0 keys `t' <= t` that are not padding, plus the key at the **same** index `t` of
@@ -80,6 +80,8 @@ def ttt_attention_mask(attention_mask: torch.Tensor, step: int) -> torch.BoolTen
     Args:
         attention_mask (`torch.Tensor` of shape `(batch, seq)`): 1 for real tokens, 0 for padding.
         step (`int`): the TTT step `k >= 0`.
+        sliding_window (`int`, *optional*): for sliding-window head layers, the step-0 keys are further limited to
+            `t' > t - sliding_window` (as speculators trains them); the own chain is always visible.
 
     Returns:
         `torch.BoolTensor` of shape `(batch, 1, seq, (step + 1) * seq)`, columns ordered step by step as the draft's
@@ -90,6 +92,8 @@ def ttt_attention_mask(attention_mask: torch.Tensor, step: int) -> torch.BoolTen
     causal = index[None, :] <= index[:, None]  # shape: [T(query), T(key)]
     diagonal = index[None, :] == index[:, None]  # shape: [T, T]
     keys_real = attention_mask.bool()[:, None, :]  # shape: [B, 1, T(key)]
+    if sliding_window is not None:
+        causal = causal & (index[None, :] > index[:, None] - sliding_window)
     first = causal[None] & (keys_real | diagonal[None])  # shape: [B, T, T]
     blocks = [first] + [diagonal[None].expand(batch, seq, seq)] * step
     return torch.cat(blocks, dim=-1)[:, None]  # shape: [B, 1, T, (step + 1) * T]

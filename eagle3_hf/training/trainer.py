@@ -66,14 +66,16 @@ def unroll_training_time_test(
     cache = DynamicCache(config=config)
     hidden = None
     for step in range(steps):
-        mask = ttt_attention_mask(attention_mask, step)
+        masks = {"full_attention": ttt_attention_mask(attention_mask, step)}
+        if config.draft_sliding_window is not None:  # the head's own rule (key index = position) does not fit here
+            masks["sliding_attention"] = ttt_attention_mask(attention_mask, step, config.draft_sliding_window)
         if config._attn_implementation != "sdpa":
             # Eager adds the mask to the scores, so it must be additive; fp32 promotes any score dtype safely.
-            mask = additive_mask(mask, torch.float32)
+            masks = {kind: additive_mask(mask, torch.float32) for kind, mask in masks.items()}
         own_input = {"target_hidden_states": features} if step == 0 else {"hidden_states": hidden}
         outputs = model(
             input_ids=shift_left(input_ids, 1 + step),
-            attention_mask=mask,
+            attention_mask=masks,
             position_ids=positions + step,
             cache=cache,
             use_cache=True,

@@ -39,13 +39,16 @@ class DraftVocab:
         t2d (`torch.BoolTensor` of shape `(vocab_size,)`): target ids in the draft vocabulary.
         counts (`torch.LongTensor` of shape `(vocab_size,)`): occurrences of each target id at loss-masked positions.
         metadata (`dict`): the cache key (`dataset_fingerprint`, `tokenizer`, `vocab_size`, `draft_vocab_size`) plus
-            `coverage` and `filled` (ids added only to reach `draft_vocab_size`).
+            `coverage`, `filled` (ids added only to reach `draft_vocab_size`) and, when the builder had the
+            tokenizer, `tokenizer_fingerprint` (`eagle3_hf.training.data.tokenizer_fingerprint`).
+        path (`str`, *optional*): the file it was read from (`load_draft_vocab`), for error messages.
     """
 
     d2t: torch.Tensor
     t2d: torch.Tensor
     counts: torch.Tensor
     metadata: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
 
     @property
     def token_ids(self) -> torch.Tensor:
@@ -168,19 +171,51 @@ def load_draft_vocab(path: str | os.PathLike) -> DraftVocab:
     if _METADATA_KEY not in header or names != {"d2t", "t2d", "counts"}:
         raise ValueError(f"{path} is not a draft vocabulary file (expected d2t, t2d, counts and {_METADATA_KEY}).")
     try:
-        vocab = DraftVocab(*tensors, metadata=json.loads(header[_METADATA_KEY]))
+        vocab = DraftVocab(*tensors, metadata=json.loads(header[_METADATA_KEY]), path=str(path))
         check_vocab_maps(vocab.d2t, vocab.t2d, vocab.d2t.shape[0], vocab.t2d.shape[0])
     except ValueError as error:  # json.JSONDecodeError included
         raise _UnreadableVocabFile(f"{path}: {error}") from error
     return vocab
 
 
+def check_draft_vocab(vocab: DraftVocab, vocab_size: int, tokenizer=None) -> None:
+    """Raise `ValueError` naming the file and field when `vocab` was built for another target vocabulary.
+
+    Checked: the size of its target vocabulary (`t2d` and `metadata["vocab_size"]`) against `vocab_size`, and, where
+    both are known, its `metadata["tokenizer_fingerprint"]` against `tokenizer`'s: a file built with another
+    tokenizer of the same size maps the wrong tokens, which nothing else would notice.
+    """
+    from .data import tokenizer_fingerprint
+
+    where = vocab.path or "the draft vocabulary"
+    recorded = vocab.metadata.get("vocab_size", vocab.t2d.shape[0])
+    if vocab.t2d.shape[0] != vocab_size or recorded != vocab_size:
+        raise ValueError(
+            f"{where}: vocab_size={recorded} (t2d has {vocab.t2d.shape[0]} entries) but the target's vocabulary has "
+            f"{vocab_size} ids; it was built for another tokenizer ({vocab.metadata.get('tokenizer')!r}). Build one "
+            "for this target with `eagle3-hf vocab`."
+        )
+    stored = vocab.metadata.get("tokenizer_fingerprint")
+    if stored is not None and tokenizer is not None and stored != (current := tokenizer_fingerprint(tokenizer)):
+        raise ValueError(
+            f"{where}: tokenizer_fingerprint={stored!r} (tokenizer {vocab.metadata.get('tokenizer')!r}) but this "
+            f"target's tokenizer has {current!r}: the file maps another tokenizer's ids. Build one for this target "
+            "with `eagle3-hf vocab`."
+        )
+
+
 def load_or_build_draft_vocab(
-    dataset, vocab_size: int, draft_vocab_size: int, cache_path: str | os.PathLike, tokenizer: str | None = None
+    dataset,
+    vocab_size: int,
+    draft_vocab_size: int,
+    cache_path: str | os.PathLike,
+    tokenizer: str | None = None,
+    tokenizer_fingerprint: str | None = None,
 ) -> DraftVocab:
     """Load the vocabulary cached at `cache_path` if it was built from this very dataset (fingerprint), tokenizer
-    name and sizes; otherwise build it and (over)write the cache. A stale cache is never reused; an unreadable
-    one (e.g. cut short) is rebuilt with a warning; a file that is no draft vocabulary raises `ValueError`."""
+        name and sizes; otherwise build it and (over)write the cache (`tokenizer_fingerprint` is stored with it, for
+    `check_draft_vocab`). A stale cache is never reused; an unreadable
+        one (e.g. cut short) is rebuilt with a warning; a file that is no draft vocabulary raises `ValueError`."""
     key = vocab_cache_key(dataset, vocab_size, draft_vocab_size, tokenizer)
     if Path(cache_path).is_file():
         try:
@@ -192,6 +227,7 @@ def load_or_build_draft_vocab(
                 logger.info(f"Reusing the draft vocabulary cached in {cache_path}.")
                 return cached
             logger.warning(f"{cache_path} was built for other data or sizes; rebuilding it.")
-    vocab = build_draft_vocab(dataset, vocab_size, draft_vocab_size, tokenizer=tokenizer)
+    extra = {"tokenizer_fingerprint": tokenizer_fingerprint} if tokenizer_fingerprint else {}
+    vocab = build_draft_vocab(dataset, vocab_size, draft_vocab_size, tokenizer=tokenizer, **extra)
     save_draft_vocab(vocab, cache_path)
     return vocab
