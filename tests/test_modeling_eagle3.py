@@ -214,3 +214,40 @@ def test_from_target_reads_the_mlp_width_of_targets_without_intermediate_size(co
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=32)
     assert draft.config.intermediate_size == expected
     assert draft.config.target_layer_ids == [2, 4, 5]
+
+
+# EAGLE-3.1 switches, sliding-window layers and an own embedding in one head (their logits are checked against
+# speculators' and SpecForge's code in test_peers.py; here: the head's own invariants and lossless decoding).
+VARIANT = dict(
+    draft_vocab_size=64, num_hidden_layers=2, draft_layer_types=["sliding_attention", "full_attention"],
+    draft_sliding_window=3, fc_norm=True, norm_before_residual=True, normed_feedback=True, trained_embedding=True,
+)  # fmt: skip
+
+
+def test_sliding_layers_window_a_4d_mask_as_they_window_the_causal_one(tiny_target):
+    torch.manual_seed(0)
+    draft = Eagle3DraftModel.from_target(tiny_target, **VARIANT).eval()
+    ids, features = torch.randint(0, 128, (1, 9)), torch.randn(1, 9, 96)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()[None, None]
+    with torch.no_grad():
+        implicit = draft(ids, target_hidden_states=features).logits
+        explicit = draft(ids, target_hidden_states=features, attention_mask=causal).logits
+        draft.config.draft_layer_types = None  # the window matters: 9 tokens > 3
+        unwindowed = draft(ids, target_hidden_states=features).logits
+    torch.testing.assert_close(explicit, implicit)
+    assert (unwindowed - implicit).abs().max() > 1e-3
+
+
+def test_a_head_with_every_variant_decodes_losslessly_and_saves_its_embedding(tiny_target, tmp_path):
+    torch.manual_seed(0)
+    draft = Eagle3DraftModel.from_target(tiny_target, **VARIANT).eval()
+    assert torch.equal(draft.get_input_embeddings().weight, tiny_target.get_input_embeddings().weight)
+    with torch.no_grad():
+        draft.embed_tokens.weight.mul_(1.5)  # trained away from the target's
+    prompt = torch.tensor([[5, 17, 42, 9, 100, 3]])
+    greedy = tiny_target.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert torch.equal(tiny_target.generate(prompt, assistant_model=draft, max_new_tokens=24, do_sample=False), greedy)
+    draft.save_pretrained(tmp_path / "head")
+    loaded = Eagle3DraftModel.from_pretrained(tmp_path / "head", target=tiny_target)
+    torch.testing.assert_close(loaded.get_input_embeddings().weight, draft.embed_tokens.weight)
+    assert loaded.config.draft_layer_types == VARIANT["draft_layer_types"] and loaded.config.normed_feedback
