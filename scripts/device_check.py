@@ -124,6 +124,7 @@ VERIFY_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 60, 64)
 FORWARD_SIZES = (1, 8, 16, 32, 60, 64)
 UPDATE_SIZES = (1, 4, 7)  # tokens a round hands to the head: 1 + accepted, at most depth + 1
 ALPHAS = (0.6, 0.8)
+E2E_METHODS = ("tree", "adaptive", "chain")
 
 
 # ------------------------------------------------------------------------------------------------- the drafter
@@ -279,10 +280,11 @@ class Clock(BaseStreamer):
     def end(self):
         pass
 
-    def median_interval_ms(self) -> float:
-        """Median time between consecutive steps or rounds (the prompt and the prefill token are not steps)."""
+    def median_interval_ms(self) -> float | None:
+        """Median time between consecutive steps or rounds (the prompt and the prefill token are not steps); None
+        when the clock saw fewer than two."""
         gaps = [b - a for a, b in zip(self.times[1:], self.times[2:])]
-        return 1e3 * statistics.median(gaps) if gaps else float("nan")
+        return 1e3 * statistics.median(gaps) if gaps else None
 
 
 def count_syncs(fn, device: torch.device) -> int | None:
@@ -346,7 +348,9 @@ def margin_at(target, reference: torch.Tensor, position: int | None) -> float | 
     return float(best[0] - best[1])
 
 
-def check_architecture(name: str, device: torch.device, args, rng: torch.Generator) -> dict:
+def check_architecture(name: str, device: torch.device, args, rng: torch.Generator, stop_at: float) -> dict:
+    """Every prompt's greedy comparisons (fp32 and bf16) and, for the first ones, the sampling runs; no further
+    prompt is started after `stop_at` (`time.time()`), so that a slow machine still leaves time for the speed part."""
     config_class, overrides = ARCHITECTURES[name]
     target = tiny_target(config_class, overrides, device, seed=0)
     torch.manual_seed(1)
@@ -357,6 +361,8 @@ def check_architecture(name: str, device: torch.device, args, rng: torch.Generat
     vocab, new = TINY_TARGET["vocab_size"], args.tiny_new_tokens
     result = {"fp32": [], "bf16": [], "sampling": []}
     for index in range(args.prompts):
+        if index and time.time() > stop_at:
+            break
         length = int(torch.randint(12, 41, (1,), generator=rng))
         prompt = torch.randint(0, vocab, (1, length), generator=rng).to(device)
         greedy = dict(do_sample=False, max_new_tokens=new)
@@ -459,13 +465,15 @@ def summarize_architecture(result: dict, new: int) -> dict:
     }
 
 
-def run_correctness(device: torch.device, args, report: dict, save) -> None:
+def run_correctness(device: torch.device, args, report: dict, save, deadline: float) -> None:
+    """The four architectures in turn, each given an equal share of the time left until `deadline`."""
     section = report.setdefault("correctness", {"architectures": {}})
     rng = torch.Generator().manual_seed(1234)
-    for name in ARCHITECTURES:
+    for left, name in zip(range(len(ARCHITECTURES), 0, -1), ARCHITECTURES):
         began = time.perf_counter()
+        stop_at = time.time() + (deadline - time.time()) / left
         try:
-            section["architectures"][name] = check_architecture(name, device, args, rng)
+            section["architectures"][name] = check_architecture(name, device, args, rng, stop_at)
         except Exception as error:
             section["architectures"][name] = {"error": f"{type(error).__name__}: {error}"}
             report["errors"].append({"where": f"correctness/{name}", "traceback": traceback.format_exc()})
@@ -575,20 +583,21 @@ def run_speed(device: torch.device, args, report: dict, save, deadline: float) -
     print(f"[speed] component timings done at {time.perf_counter() - began:.1f} s", flush=True)
     end_to_end(target, head, prompt, reference, plain_seconds, device, args, section, deadline)
     save()
-    if device.type == "cuda":
+    if device.type == "cuda" and time.time() < deadline:
         section["syncs_per_round"] = sync_counts(target, head, prompt, reference, device, args)
-    else:
+    else:  # not countable off CUDA, or no time left
         section["syncs_per_round"] = {"plain_per_step": None, "tree_per_round": None, "chain_per_round": None}
     head.steer(None)
     save()
 
 
 def generate_with(target, head, prompt, reference, method: str, alpha: float, new: int, seed: int, streamer=None):
-    """One greedy `generate` call: plain, tree or chain mode, the head steered at acceptance `alpha`."""
+    """One greedy `generate` call: plain, tree (the fixed 60-node shape), adaptive (the round planner, starting
+    from that shape) or chain mode, the head steered at acceptance `alpha`."""
     if method == "plain":
         return target.generate(prompt, do_sample=False, max_new_tokens=new, streamer=streamer)
     head.steer(reference, alpha=alpha, seed=seed)
-    if method == "tree":
+    if method in ("tree", "adaptive"):
         return target.generate(
             prompt,
             assistant_model=head,
@@ -596,6 +605,7 @@ def generate_with(target, head, prompt, reference, method: str, alpha: float, ne
             max_new_tokens=new,
             return_dict_in_generate=True,
             streamer=streamer,
+            tree_adaptive=method == "adaptive",
             **SPEED_TREE,
         )
     return target.generate(
@@ -719,7 +729,7 @@ def end_to_end(target, head, prompt, reference, plain_seconds, device, args, sec
     """Tokens/s of tree and chain mode at each alpha against plain generate, repeats interleaved so that drifting
     clocks affect every method alike; then one call each with a `Clock` for the median round."""
     new = args.new_tokens
-    runs = {(method, alpha): [] for method in ("tree", "chain") for alpha in ALPHAS}
+    runs = {(method, alpha): [] for method in E2E_METHODS for alpha in ALPHAS}
     details = {key: [] for key in runs}
     for repeat in range(args.e2e_repeats):
         if repeat and time.time() > deadline - 2 * sum(times[-1] for times in runs.values()):
@@ -731,31 +741,35 @@ def end_to_end(target, head, prompt, reference, plain_seconds, device, args, sec
                 device,
             )
             times.append(seconds)
-            tree = method == "tree"
+            tree = method != "chain"
             rounds = len(out.num_accepted_tokens) if tree else head.feature_forwards  # chain: one encode per round
-            details[(method, alpha)].append(
-                {
-                    "identical_to_plain": first_difference(out.sequences if tree else out, reference) is None,
-                    "rounds": rounds,
-                    "tau": out.tau if tree else (new - 1) / max(1, rounds),  # the prefill's token is no round's
-                }
-            )
+            record = {
+                "identical_to_plain": first_difference(out.sequences if tree else out, reference) is None,
+                "rounds": rounds,
+                "tau": out.tau if tree else (new - 1) / max(1, rounds),  # the prefill's token is no round's
+            }
+            if tree:
+                record.update(round_phases(out))
+            details[(method, alpha)].append(record)
         print(f"[speed] end-to-end repeat {repeat + 1} done", flush=True)
     e2e = {}
     for (method, alpha), times in runs.items():
         clock = Clock()  # a call of its own: the timed ones above run without a streamer
-        generate_with(target, head, prompt, reference, method, alpha, new, seed=0, streamer=clock)
+        if time.time() < deadline:
+            generate_with(target, head, prompt, reference, method, alpha, new, seed=0, streamer=clock)
         seconds, done = statistics.median(times), details[(method, alpha)]
         e2e[f"{method}_alpha{alpha}"] = {
             "seconds_median": seconds,
             "tokens_per_s": new / seconds,
             "speedup_vs_plain": plain_seconds / seconds,
             "tau_measured": statistics.mean(d["tau"] for d in done),
-            "tau_expected": expected_tau(alpha, SPEED_TREE["tree_depth"] if method == "tree" else CHAIN_TOKENS),
+            "tau_expected": expected_tau(alpha, CHAIN_TOKENS if method == "chain" else SPEED_TREE["tree_depth"]),
             "rounds": statistics.median(d["rounds"] for d in done),
             "identical_to_plain": all(d["identical_to_plain"] for d in done),
             "round_ms": clock.median_interval_ms(),
         }
+        if method != "chain":  # the loop's own per-phase clock (Eagle3GenerateOutput.round_seconds), first repeat
+            e2e[f"{method}_alpha{alpha}"].update({k: v for k, v in done[0].items() if k in PHASE_KEYS})
     for alpha in ALPHAS:
         tree, chain = e2e[f"tree_alpha{alpha}"], e2e[f"chain_alpha{alpha}"]
         tree["speedup_vs_chain"] = chain["seconds_median"] / tree["seconds_median"]
@@ -769,7 +783,25 @@ def end_to_end(target, head, prompt, reference, plain_seconds, device, args, sec
         "draft_grow_ms": section["draft_grow_ms_by_depth"][SPEED_TREE["tree_depth"]]["median_ms"],
         "draft_update_ms": section["draft_update_ms_by_tokens"][4]["median_ms"],
         "oracle_overhead_ms": section["oracle_overhead_ms_per_grow"],
-        "not_target_forward_share": None if forward is None else 1 - forward / best["round_ms"],
+        "not_target_forward_share": None if None in (forward, best["round_ms"]) else 1 - forward / best["round_ms"],
+    }
+
+
+PHASE_KEYS = ("phase_ms_median", "phase_share", "plain_step_rounds", "mean_tree_nodes")
+
+
+def round_phases(out) -> dict:
+    """Medians and shares of the phases the tree loop clocks itself (`round_seconds`), and how many rounds were
+    plain steps (the adaptive planner's choice when a tree does not pay)."""
+    phases = {name: values for name, values in (out.round_seconds or {}).items() if values}
+    total = sum(sum(values) for values in phases.values())
+    shapes = out.round_shapes or ()
+    tree_nodes = [shape.total_tokens for shape in shapes if not shape.is_plain]
+    return {
+        "phase_ms_median": {name: 1e3 * statistics.median(values) for name, values in phases.items()},
+        "phase_share": {name: sum(values) / total for name, values in phases.items()} if total else {},
+        "plain_step_rounds": sum(1 for shape in shapes if shape.is_plain),
+        "mean_tree_nodes": statistics.mean(tree_nodes) if tree_nodes else None,
     }
 
 
@@ -854,7 +886,7 @@ def markdown(report: dict) -> str:
             "",
             "bf16 divergence: the share of prompts whose output differs from plain batch-1 `generate`'s; plain batch 2 "
             "is the same prompt run twice in one batch. The gaps are plain `generate`'s top-2 logit gap where each "
-            "divergence starts: a gap of one or two bf16 rounding steps (2^-8 of the logit) is numerics.",
+            "divergence starts: a gap of one or two bf16 steps (2^(e-7) for a logit in [2^e, 2^(e+1))) is numerics.",
             "",
         ]
     speed = report.get("speed")
@@ -919,6 +951,18 @@ def markdown(report: dict) -> str:
                 f"| {fmt(entry['round_ms'])} | {entry['identical_to_plain']} |"
             )
         lines.append("")
+        for key, entry in speed["e2e"].items():
+            if entry.get("phase_share"):
+                lines.append(
+                    f"- {key}, the loop's own phase clock (`round_seconds`, synchronized): "
+                    + ", ".join(
+                        f"{name} {fmt(entry['phase_ms_median'][name])} ms ({fmt(100 * share, 0)}%)"
+                        for name, share in entry["phase_share"].items()
+                    )
+                    + f"; {entry['plain_step_rounds']} plain-step rounds, {fmt(entry['mean_tree_nodes'], 1)} nodes "
+                    "per tree on average."
+                )
+        lines.append("")
         if "e2e_note" in speed:
             lines += [speed["e2e_note"], ""]
     if speed and "round_breakdown_alpha0.8" in speed:
@@ -946,7 +990,20 @@ def markdown(report: dict) -> str:
 
 
 # -------------------------------------------------------------------------------------------------------- main
+# (smoke, full) defaults of the sizing options
+SIZES = dict(
+    prompts=(1, 6, "correctness prompts per architecture"),
+    sampling_prompts=(1, 2, "of those, also sampled"),
+    tiny_new_tokens=(16, 48, "new tokens per tiny run"),
+    prompt_length=(16, 128, "speed prompt tokens"),
+    new_tokens=(20, 256, "speed new tokens"),
+    repeats=(2, 10, "timed repeats per component"),
+    e2e_repeats=(1, 3, "end-to-end repeats"),
+)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
+    smoke = "--smoke" in (sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, few repeats (CI)")
     parser.add_argument("--output-dir", default=os.environ.get("OUT") or "runs/device_check")
@@ -954,42 +1011,43 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--sections", default="correctness,speed", help="comma-separated: correctness, speed (default both)"
     )
     parser.add_argument("--device", default=None, help="default: cuda when available (cpu with --smoke)")
-    parser.add_argument("--prompts", type=int, default=None, help="correctness prompts per architecture (6; smoke 1)")
-    parser.add_argument("--sampling-prompts", type=int, default=None, help="of those, also sampled (2; smoke 1)")
-    parser.add_argument("--tiny-new-tokens", type=int, default=None, help="new tokens per tiny run (48; smoke 16)")
-    parser.add_argument("--prompt-length", type=int, default=None, help="speed prompt tokens (128; smoke 16)")
-    parser.add_argument("--new-tokens", type=int, default=None, help="speed new tokens (256; smoke 20)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per component (10; smoke 2)")
-    parser.add_argument("--e2e-repeats", type=int, default=None, help="end-to-end repeats (3; smoke 1)")
+    for name, (smoke_value, full_value, text) in SIZES.items():
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=smoke_value if smoke else full_value,
+            help=f"{text} (default {full_value}; {smoke_value} with --smoke)",
+        )
     parser.add_argument(
-        "--time-budget-s", type=float, default=420.0, help="skip further end-to-end repeats past this wall time"
+        "--time-budget-s",
+        type=float,
+        default=360.0,
+        help="wall-time budget: past it no further end-to-end repeat, clocked run or sync count starts (default 360)",
     )
-    args = parser.parse_args(argv)
-    defaults = dict(
-        prompts=(1, 6),
-        sampling_prompts=(1, 2),
-        tiny_new_tokens=(16, 48),
-        prompt_length=(16, 128),
-        new_tokens=(20, 256),
-        repeats=(2, 10),
-        e2e_repeats=(1, 3),
+    parser.add_argument(
+        "--correctness-share",
+        type=float,
+        default=0.35,
+        help="share of the budget after which correctness starts no further prompt (default 0.35)",
     )
-    for name, (smoke, full) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, smoke if args.smoke else full)
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.time()
     deadline = started + args.time_budget_s
+    # correctness on tiny models should take well under a third of the run; past that it stops adding prompts
+    correctness_deadline = started + args.correctness_share * args.time_budget_s
     if args.device:
         device = torch.device(args.device)
     else:
         device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny models are dominated by per-op overhead: more threads only add to it
+    # fp32 must mean fp32 for the bit-identity check (TF32 matmuls are off by default; made sure here)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     report = {"meta": environment(device, args), "errors": []}
@@ -997,12 +1055,16 @@ def main(argv=None) -> int:
     def save():
         report["wall_seconds"] = time.time() - started
         (output_dir / f"{REPORT_NAME}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-        (output_dir / f"{REPORT_NAME}.md").write_text(markdown(report) + "\n")
+        try:
+            text = markdown(report)
+        except Exception:  # the JSON above holds the numbers; a rendering bug must not end the run
+            text = "# EAGLE-3 device check\n\nThe Markdown rendering failed:\n\n```\n" + traceback.format_exc() + "```"
+        (output_dir / f"{REPORT_NAME}.md").write_text(text + "\n")
 
     save()
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     if "correctness" in sections:
-        run_correctness(device, args, report, save)
+        run_correctness(device, args, report, save, correctness_deadline)
     if "speed" in sections:
         try:
             run_speed(device, args, report, save, deadline)
@@ -1010,7 +1072,7 @@ def main(argv=None) -> int:
             report["errors"].append({"where": "speed", "traceback": traceback.format_exc()})
             traceback.print_exc()
     save()
-    print(markdown(report), flush=True)
+    print((output_dir / f"{REPORT_NAME}.md").read_text(), flush=True)
     correct = report.get("correctness", {}).get("fp32_greedy_identical", True)
     return 0 if correct and not report["errors"] else 1
 
