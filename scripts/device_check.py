@@ -157,7 +157,7 @@ class ContinuationDraft(Eagle3DraftModel):
         device = self.d2t.device
         self.continuation = None if continuation is None else continuation.reshape(-1).to(device)
         self.alpha, self.rank_spread = alpha, rank_spread
-        # a trained head is confident when right: log(V_d) + 2 over the head's best gives the proposal ~0.9
+        # a trained head is confident when right: log(V_d) + 2 over the head's best gives the proposal >= 0.88
         self.margin = math.log(self.config.draft_vocab_size) + 2.0 if margin is None else margin
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.slot_on_path = torch.zeros(0, dtype=torch.bool, device=device)
@@ -371,11 +371,14 @@ def check_architecture(name: str, device: torch.device, args, rng: torch.Generat
         head.steer(reference, alpha=0.8, rank_spread=3, seed=index)
         tree = target.generate(prompt, assistant_model=head, return_dict_in_generate=True, **greedy, **TINY_TREE)
         head.steer(reference, alpha=0.8, rank_spread=3, seed=index)
+        adaptive = target.generate(prompt, assistant_model=head, **greedy)  # the default: shapes chosen per round
+        head.steer(reference, alpha=0.8, rank_spread=3, seed=index)
         chain = target.generate(prompt, assistant_model=head, eagle3_mode="chain", num_assistant_tokens=4, **greedy)
         result["fp32"].append(
             {
                 "prompt_length": length,
                 "tree_first_difference": first_difference(tree.sequences, reference),
+                "adaptive_first_difference": first_difference(adaptive, reference),
                 "chain_first_difference": first_difference(chain, reference),
                 "tree_tau": tree.tau,
                 "chain_rounds": head.feature_forwards,
@@ -447,6 +450,7 @@ def summarize_architecture(result: dict, new: int) -> dict:
         "new_tokens": new,
         "prompts": len(fp32),
         "fp32_tree_identical": sum(c["tree_first_difference"] is None for c in fp32),
+        "fp32_adaptive_identical": sum(c["adaptive_first_difference"] is None for c in fp32),
         "fp32_chain_identical": sum(c["chain_first_difference"] is None for c in fp32),
         "fp32_tree_tau_mean": statistics.mean(c["tree_tau"] for c in fp32),
         "bf16_plain_batch2_divergence_rate": rate(bf16, "plain_batch2_first_difference"),
@@ -482,7 +486,8 @@ def run_correctness(device: torch.device, args, report: dict, save, deadline: fl
         save()
     archs = section["architectures"].values()
     section["fp32_greedy_identical"] = all(
-        "error" not in a and a["fp32_tree_identical"] == a["prompts"] and a["fp32_chain_identical"] == a["prompts"]
+        "error" not in a
+        and a["prompts"] == a["fp32_tree_identical"] == a["fp32_adaptive_identical"] == a["fp32_chain_identical"]
         for a in archs
     )
     section["sampling_ok"] = all(a.get("sampling_ok", False) for a in archs)
@@ -492,7 +497,8 @@ def one_line(arch: dict) -> str:
     if "error" in arch:
         return arch["error"]
     return (
-        f"fp32 tree {arch['fp32_tree_identical']}/{arch['prompts']} chain {arch['fp32_chain_identical']}/"
+        f"fp32 tree {arch['fp32_tree_identical']}/{arch['prompts']} adaptive {arch['fp32_adaptive_identical']}/"
+        f"{arch['prompts']} chain {arch['fp32_chain_identical']}/"
         f"{arch['prompts']} identical (tau {arch['fp32_tree_tau_mean']:.2f}); bf16 divergence plain-batch2 "
         f"{arch['bf16_plain_batch2_divergence_rate']:.2f} tree {arch['bf16_tree_divergence_rate']:.2f} chain "
         f"{arch['bf16_chain_divergence_rate']:.2f}; sampling ok {arch['sampling_ok']} ({arch['seconds']:.1f} s)"
@@ -865,19 +871,23 @@ def markdown(report: dict) -> str:
         lines += [
             "## Correctness (tiny random targets, heads steered by the plain greedy continuation, alpha 0.8)",
             "",
+            "tree: the fixed shape 24 / depth 5 / top-k 4; adaptive: `generate(assistant_model=head)` with no shape "
+            '(the round planner); chain: `eagle3_mode="chain"`, 4 draft tokens.',
+            "",
             f"fp32 greedy identical everywhere: **{correctness.get('fp32_greedy_identical')}**; sampling runs: "
             f"**{correctness.get('sampling_ok')}**.",
             "",
-            "| architecture | prompts | fp32 tree identical | fp32 chain identical | fp32 tree tau | bf16 divergence: "
+            "| architecture | prompts | fp32 identical: tree / adaptive / chain | fp32 tree tau | bf16 divergence: "
             "plain batch 2 | bf16 tree | bf16 chain | top-2 logit gaps at the divergences | sampling ok |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for name, arch in correctness["architectures"].items():
             if "error" in arch:
-                lines.append(f"| {name} | error: {arch['error']} | | | | | | | | |")
+                lines.append(f"| {name} | error: {arch['error']} | | | | | | | |")
                 continue
             lines.append(
-                f"| {name} | {arch['prompts']} | {arch['fp32_tree_identical']} | {arch['fp32_chain_identical']} | "
+                f"| {name} | {arch['prompts']} | {arch['fp32_tree_identical']} / {arch['fp32_adaptive_identical']} / "
+                f"{arch['fp32_chain_identical']} | "
                 f"{fmt(arch['fp32_tree_tau_mean'])} | {fmt(arch['bf16_plain_batch2_divergence_rate'])} | "
                 f"{fmt(arch['bf16_tree_divergence_rate'])} | {fmt(arch['bf16_chain_divergence_rate'])} | "
                 f"{', '.join(f'{m:.4f}' for m in arch['bf16_divergence_logit_margins']) or '-'} | {arch['sampling_ok']} |"

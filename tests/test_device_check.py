@@ -32,6 +32,7 @@ def test_smoke_run_reports_identical_greedy_and_every_measurement(tmp_path):
     for name, arch in correctness["architectures"].items():
         assert arch["prompts"] >= 1, name
         assert arch["fp32_tree_identical"] == arch["prompts"], name
+        assert arch["fp32_adaptive_identical"] == arch["prompts"], name
         assert arch["fp32_chain_identical"] == arch["prompts"], name
         assert arch["fp32_tree_tau_mean"] > 1.0, name  # the steered head gets tokens accepted
         for key in ("bf16_plain_batch2_divergence_rate", "bf16_tree_divergence_rate", "bf16_chain_divergence_rate"):
