@@ -40,7 +40,7 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then
 else
     echo "no wheels in $WHEELS: using the image's packages as they are"
 fi
-export PYTHONPATH="$PWD:$PYTHONPATH"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 "$PYTHON" -c 'import sys, torch, transformers; print(sys.executable, "torch", torch.__version__, "transformers",
