@@ -140,13 +140,13 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
         warmup=1,
         progress=False,
     )
-    assert len(records) == 3 * 2 * 5  # turns x temperatures x methods
+    assert len(records) == 3 * 2 * 6  # turns x temperatures x methods
     greedy = [r for r in records if r.temperature == 0]
     assert all(r.matches_plain for r in greedy)  # lossless: every method reproduces plain greedy
     # the prefill emits the first token; every later token is counted in exactly one round
     assert all(0 < r.new_tokens <= 6 and sum(r.tokens_per_round) == r.new_tokens - 1 for r in records)
     rows = summarize(records)["rows"]
-    assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup"}
+    assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup", "adaptive"}
     assert any(r["dataset"] == "mt_bench/writing" for r in rows)
 
 
@@ -163,7 +163,10 @@ def test_tree_methods_with_and_without_prompt_lookup_branches():
         "assistant_model": draft,
         "tree_total_tokens": 8,
         "tree_lookup_tokens": 0,  # the tree alone, even when the head's config or the caller asks for lookup
+        "tree_adaptive": False,  # that shape in every round
     }
+    # generate's default path, starting from the shape asked for
+    assert method_kwargs("adaptive", draft, shape) == {"assistant_model": draft, **shape, "tree_adaptive": True}
     assert method_kwargs("tree_lookup", draft, shape)["tree_lookup_tokens"] == TREE_LOOKUP_TOKENS
     assert method_kwargs("tree_lookup", draft, {"tree_lookup_tokens": 2})["tree_lookup_tokens"] == 2
     tuned = SimpleNamespace(generation_config=GenerationConfig(tree_lookup_tokens=6))  # what `tune --save` writes

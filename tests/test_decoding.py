@@ -161,6 +161,24 @@ def test_the_adaptive_default_is_exact_and_reports_its_shapes_and_its_cost(llama
     assert planner < 0.1 * total  # microseconds per round against milliseconds (measured: about 0.5%)
 
 
+def test_a_head_that_taps_the_last_layer_decodes_losslessly():
+    """Layer id L (speculators' --include-last-layer) is the last layer's output before the final norm, which the
+    prefill and every verification capture with a hook."""
+    target = peaked_target()
+    layers = target.config.num_hidden_layers
+    draft = OracleDraft.from_target(target, target_layer_ids=[2, layers // 2, layers - 3, layers])
+    outputs = []
+    for seed, length in enumerate([5, 12]):
+        prompt = random_prompt(length, seed)
+        expected = original_generate(target, prompt, do_sample=False, max_new_tokens=20)
+        out = tree_generate(target, draft, prompt, 0.3, do_sample=False, max_new_tokens=20)
+        assert torch.equal(out.sequences, expected)
+        outputs.append(out)
+    assert max(len(path) for out in outputs for path in out.accepted_paths) >= 3
+    with pytest.raises(ValueError, match="tap layer 8 = L"):
+        target.generate(random_prompt(5, 0), assistant_model=draft, eagle3_mode="chain", max_new_tokens=4)
+
+
 @pytest.mark.parametrize("processors", [dict(repetition_penalty=1.8), dict(no_repeat_ngram_size=2, min_new_tokens=8)])
 def test_greedy_applies_sequence_dependent_processors_per_node(processors):
     target = peaked_target()
@@ -421,7 +439,8 @@ def test_streamer_receives_the_same_tokens(llama_pair):
     plain, tree = RecordingStreamer(), RecordingStreamer()
     original_generate(target, prompt, do_sample=False, max_new_tokens=16, streamer=plain)
     draft.reset(target, prompt)
-    target.generate(prompt, assistant_model=draft, do_sample=False, max_new_tokens=16, streamer=tree)
+    kwargs = dict(do_sample=False, max_new_tokens=16, streamer=tree, tree_adaptive=False)  # rounds of trees
+    target.generate(prompt, assistant_model=draft, **kwargs)
     assert tree.ended and tree.chunks[0] == prompt[0].tolist()
     assert sum(tree.chunks, []) == sum(plain.chunks, [])
     assert max(len(chunk) for chunk in tree.chunks[1:]) > 1  # text arrives a round at a time

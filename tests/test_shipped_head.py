@@ -70,5 +70,5 @@ def test_bench_command_quick_run(tmp_path):
     )
     assert code == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert {row["method"] for row in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup"}
+    assert {row["method"] for row in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup", "adaptive"}
     assert (tmp_path / "results.md").is_file() and (tmp_path / "speedup.png").is_file()

@@ -112,8 +112,8 @@ def method_kwargs(
     `"tree"` is the EAGLE-3 tree alone (`tree_lookup_tokens=0`, whatever the head's generation config says);
     `"tree_lookup"` grafts `resolve_tree_lookup_tokens(draft, tree_kwargs.get("tree_lookup_tokens"))` prompt-lookup
     tokens onto it; both pin that shape for every round. `"adaptive"` is what `generate(assistant_model=head)` does
-    with no tree argument: the cost model picks each round's shape, plain steps included, from the head's tuned
-    shape on (only `tree_kwargs["tree_pack_weights"]` is passed on).
+    with no tree argument: the cost model picks each round's shape, plain steps included, starting from the head's
+    tuned shape (or from the shape `tree_kwargs` names).
     """
     tree_kwargs = tree_kwargs or {}
     if method == "plain":
@@ -128,7 +128,7 @@ def method_kwargs(
         lookup = resolve_tree_lookup_tokens(draft, tree_kwargs.get("tree_lookup_tokens"))
         return {"assistant_model": draft, **tree_kwargs, "tree_lookup_tokens": lookup, "tree_adaptive": False}
     if method == "adaptive":
-        return {"assistant_model": draft, **{k: v for k, v in tree_kwargs.items() if k == "tree_pack_weights"}}
+        return {"assistant_model": draft, **tree_kwargs, "tree_adaptive": True}
     raise ValueError(f"Unknown method {method!r}; choose from {METHODS}.")
 
 

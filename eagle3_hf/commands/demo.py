@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import TextStreamer
 
     from ..bench.measure import encode_chat, timed_generate
+    from ..generation.cpu_packing import is_packed_for
     from ..generation.decoding import resolve_tree_settings
     from ..loading import load_default_pair
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = tokenizer("Hello", return_tensors="pt").input_ids
     for method in ("plain", "adaptive"):
         timed_generate(target, warm, method, 0.0, 8, draft, kwargs)
+    packed = is_packed_for(target, tree.total_tokens)
+    print("weights: MKL-packed weights (by generate, for the tree's rows)" if packed else "weights: stock")
     for prompt in args.prompts:
         input_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}], target.device)
         print(f"\n>>> {prompt}\n")
@@ -96,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     tree_speed = total["adaptive"][0] / total["adaptive"][1]
     tau = sum(rounds) / len(rounds) if rounds else float("nan")
     print(
-        f"\nplain generate: {plain_speed:.1f} tokens/s | EAGLE-3: {tree_speed:.1f} tokens/s | tokens per target "
-        f"forward {tau:.2f} | speedup {tree_speed / plain_speed:.2f}x (greedy outputs identical)"
+        f"\nplain generate: {plain_speed:.1f} tokens/s | EAGLE-3: {tree_speed:.1f} tokens/s | tau {tau:.2f} "
+        f"(tokens per target forward) | speedup {tree_speed / plain_speed:.2f}x (greedy outputs identical)"
     )
     return 0
 

@@ -86,6 +86,12 @@ class Eagle3CandidateGenerator(CandidateGenerator):
             raise ValueError(f"num_assistant_tokens must be >= 1, got {num_assistant_tokens}.")
         self.draft = draft
         self.layer_ids = list(draft.config.target_layer_ids)
+        if draft.config.target_num_hidden_layers in self.layer_ids:
+            raise ValueError(
+                f"target_layer_ids={self.layer_ids} tap layer {draft.config.target_num_hidden_layers} = L (the last "
+                "layer's output before the final norm), which Transformers' assisted loop does not return; use tree "
+                "mode (the default eagle3_mode)."
+            )
         self.num_assistant_tokens = int(num_assistant_tokens)
         self.max_length = generation_config.max_length
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()

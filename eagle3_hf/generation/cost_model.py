@@ -6,9 +6,10 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
 `eagle3_generate` measures them from its own rounds and asks `RoundPlanner.choose()` before each one:
 
 - **Costs.** Seconds of a plain one-token step; of verifying `n` nodes (per node count seen, interpolated
-  linearly in `n` between and beyond them, a plain step being the one-node case); of the draft's root expansion and of each further draft level; of
-  the draft update and of the rest of a round. All are exponentially weighted means (`decay`), so they follow a
-  machine that gets busier or a context that gets longer.
+  linearly in `n` between and beyond them, a plain step being the one-node case); of the draft's root expansion
+  and of each further draft level; of the draft update and of the rest of a round. Each is the lower third of its
+  last `cost_window` observations: robust to one slow step, and following a machine that gets busier or a context
+  that gets longer.
 - **Acceptance.** The conditional acceptance rate at each draft position, `alpha[j] = P(position j accepted |
   positions < j accepted)`, per node count, from the rounds themselves: a round that accepted `a` draft tokens of
   a tree `d` deep reached positions `1 .. min(a + 1, d)` and passed `1 .. a`. The expected draft tokens of a depth
@@ -43,14 +44,25 @@ class TreeShape:
 PLAIN_STEP = TreeShape(total_tokens=1, depth=0)
 
 
-class _Mean:
-    """An exponentially weighted mean (`None` until the first observation)."""
+class _Seconds:
+    """A robust running cost: the lower third of the last `window` observations (`None` until the first).
 
-    def __init__(self, decay: float):
-        self.decay, self.value = decay, None
+    Other processes and one-off work (a kernel's first call, a page fault) only ever make a step slower, so a low
+    quantile of recent steps estimates what the next one costs without being thrown by one slow step; a machine
+    that stays busier moves the whole window, and so the estimate, within `window / 2` observations.
+    """
+
+    def __init__(self, window: int):
+        self.window, self.recent = window, []
 
     def add(self, value: float) -> None:
-        self.value = value if self.value is None else self.decay * self.value + (1 - self.decay) * value
+        self.recent = [*self.recent[-(self.window - 1) :], value]
+
+    @property
+    def value(self) -> float | None:
+        if not self.recent:
+            return None
+        return sorted(self.recent)[(len(self.recent) - 1) // 3]
 
 
 @dataclass
@@ -90,7 +102,8 @@ class PlannerConfig:
     """Knobs of `RoundPlanner`; the defaults are what `eagle3_generate` uses.
 
     Args:
-        decay (`float`): weight of the past in every running mean and count, per observation.
+        decay (`float`): weight of the past in the acceptance counts, per round.
+        cost_window (`int`): observations each cost estimate looks back on.
         prior_acceptance (`float`): the rate assumed at draft position 1 before any round ran.
         prior_weight (`float`): how many rounds the prior of a position is worth.
         probe_interval (`int`): plain steps before the first probe round once plain steps win.
@@ -99,6 +112,7 @@ class PlannerConfig:
     """
 
     decay: float = 0.9
+    cost_window: int = 8
     prior_acceptance: float = 0.5
     prior_weight: float = 2.0
     probe_interval: int = 4
@@ -130,11 +144,11 @@ class RoundPlanner:
         self.node_counts = sorted(set(node_counts) | {start.total_tokens})
         self.max_depth = max(max_depth, start.depth)
         self.start = start
-        decay = self.config.decay
-        self.plain_seconds = _Mean(decay)
-        self.verify_seconds: dict[int, _Mean] = {}
-        self.root_seconds, self.level_seconds = _Mean(decay), _Mean(decay)
-        self.update_seconds, self.other_seconds = _Mean(decay), _Mean(decay)
+        window = self.config.cost_window
+        self.plain_seconds = _Seconds(window)
+        self.verify_seconds: dict[int, _Seconds] = {}
+        self.root_seconds, self.level_seconds = _Seconds(window), _Seconds(window)
+        self.update_seconds, self.other_seconds = _Seconds(window), _Seconds(window)
         self.acceptance: dict[int, _Acceptance] = {}
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
@@ -157,7 +171,7 @@ class RoundPlanner:
     ) -> None:
         """A tree round of `shape` accepted `accepted` draft tokens (the bonus token not counted) of a verified
         tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`)."""
-        self.verify_seconds.setdefault(shape.total_tokens, _Mean(self.config.decay)).add(verify_seconds)
+        self.verify_seconds.setdefault(shape.total_tokens, _Seconds(self.config.cost_window)).add(verify_seconds)
         # Level 1 comes from the logits the last draft update left (no head forward); each further level is one
         # head forward over the frontier.
         levels = max(shape.depth - 1, 0)

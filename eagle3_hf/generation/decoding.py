@@ -12,6 +12,7 @@ Usage, after `import eagle3_hf`:
 """
 
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from .lookup import prompt_lookup_chain
 from .tree import DraftTree, append_chain, graft_chain, greedy_accept, sample_accept
 from .verify import (
     attention_layer_kinds,
+    capturing_taps,
     check_stateless_processors,
     check_tree_attention,
     check_tree_cache,
@@ -162,7 +164,7 @@ def prepare_draft(draft: Eagle3DraftModel, target: PreTrainedModel) -> Eagle3Dra
         raise ValueError(
             f"The draft's vocab_size={draft.config.vocab_size} differs from the target's {text_config.vocab_size}."
         )
-    if draft.config.target_layer_ids[-1] >= text_config.num_hidden_layers:
+    if max(draft.config.target_layer_ids) > text_config.num_hidden_layers:  # L itself: the last layer's output
         raise ValueError(
             f"The draft's target_layer_ids={draft.config.target_layer_ids} do not fit a target with "
             f"{text_config.num_hidden_layers} layers."
@@ -256,7 +258,9 @@ def eagle3_generate(
             (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
             place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
         tree_planner ([`RoundPlanner`], *optional*): the planner to ask for each round's shape (anything with its
-            `choose`, `record_plain` and `record_tree` methods), instead of a fresh one; implies `tree_adaptive`.
+            `choose`, `record_plain` and `record_tree` methods); implies `tree_adaptive`. By default each head and
+            target keep one planner per shape space and temperature, so what it measured carries over to later
+            calls.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -278,8 +282,7 @@ def eagle3_generate(
             logger.info(packed)
     planner = tree_planner
     if planner is None and adaptive:
-        start = TreeShape(settings.total_tokens, settings.depth)
-        planner = RoundPlanner(node_counts, max_depth, settings.top_k, start)
+        planner = _planner_for(draft, model, node_counts, max_depth, settings, generation_config)
     sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
     decoder = _TreeDecoder(
         model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer, sampled_draft
@@ -302,6 +305,33 @@ def _candidate_node_counts(model: PreTrainedModel, settings: TreeSettings, adapt
         return [settings.total_tokens]
     largest = TreeSettings(settings.total_tokens, _max_depth(settings, adaptive), settings.top_k).max_nodes
     return sorted({settings.total_tokens, *(n for n in ADAPTIVE_NODE_COUNTS if n <= largest)})
+
+
+# head -> {(target, shape space, sampling): (weak reference to the target, planner)}. What a planner learned about
+# this machine, target and head carries over from one generate call to the next (a chat's turns, a benchmark's
+# prompts), instead of being paid for again by every call.
+_PLANNERS: "weakref.WeakKeyDictionary[Eagle3DraftModel, dict]" = weakref.WeakKeyDictionary()
+
+
+def _planner_for(
+    draft: Eagle3DraftModel,
+    model: PreTrainedModel,
+    node_counts: list[int],
+    max_depth: int,
+    settings: TreeSettings,
+    generation_config: GenerationConfig,
+) -> RoundPlanner:
+    """The planner of this head and target for this shape space and sampling temperature (acceptance differs with
+    it), made the first time they meet."""
+    sampling = (bool(generation_config.do_sample), generation_config.temperature if generation_config.do_sample else 0)
+    key = (id(model), tuple(node_counts), max_depth, settings, sampling)
+    planners = _PLANNERS.setdefault(draft, {})
+    reference, planner = planners.get(key, (None, None))
+    if reference is None or reference() is not model:
+        start = TreeShape(settings.total_tokens, settings.depth)
+        planner = RoundPlanner(node_counts, max_depth, settings.top_k, start)
+        planners[key] = (weakref.ref(model), planner)
+    return planner
 
 
 def _max_depth(settings: TreeSettings, adaptive: bool) -> int:
@@ -368,15 +398,16 @@ class _TreeDecoder:
         position_ids = model_kwargs.get("position_ids")
         length = self.sequences.shape[1]
         self.padding = None if attention_mask is None else attention_mask[0].to(self.model.device).bool()
-        outputs = self.model(
-            input_ids=self.sequences,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=True,
-            output_hidden_states=self.layer_ids,
-            logits_to_keep=1,
-        )
+        with capturing_taps(self.model, self.layer_ids) as captured:
+            outputs = self.model(
+                input_ids=self.sequences,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+                output_hidden_states=self.layer_ids,
+                logits_to_keep=1,
+            )
         self.position = int(position_ids[0, -1]) + 1 if position_ids is not None else length
         logits = outputs.logits[:, -1].float()
         scores = self.processors(self.sequences, logits)
@@ -386,7 +417,7 @@ class _TreeDecoder:
             token = scores.argmax(dim=-1)
         stopped, _ = self._emit(token, scores, logits)
         if not stopped:
-            features = gather_target_features(outputs.hidden_states, self.layer_ids)
+            features = gather_target_features(outputs.hidden_states, self.layer_ids, captured.get("hidden"))
             self.drafter.extend(self.sequences[:, 1:], features, keep=self.padding)
         return stopped
 

@@ -15,12 +15,14 @@ as plain `generate` does with such a cache.
 The logits processors are then applied to every node with that node's own sequence (`process_tree_logits`).
 """
 
+from contextlib import nullcontext
+
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
 from transformers.generation import LogitsProcessorList, logits_process
 
-from ..target import gather_target_features
+from ..target import capture_last_layer_output, gather_target_features
 from .tree import DraftTree, additive_mask, node_sequences, tree_position_ids, tree_visibility
 
 
@@ -162,17 +164,26 @@ def verify_tree(
     """
     layer_kinds = attention_layer_kinds(model) if layer_kinds is None else layer_kinds
     mask = tree_attention_masks(cache, tree, model.dtype, layer_kinds, padding)
-    outputs = model(
-        input_ids=tree.tokens[None],
-        attention_mask=mask,
-        position_ids=tree_position_ids(tree, position_start),
-        cache=cache,
-        use_cache=True,
-        output_hidden_states=list(layer_ids),
-        logits_to_keep=0,  # the input is only the tree: every row is needed
-    )
-    features = gather_target_features(outputs.hidden_states, layer_ids)[0]
+    with capturing_taps(model, layer_ids) as captured:
+        outputs = model(
+            input_ids=tree.tokens[None],
+            attention_mask=mask,
+            position_ids=tree_position_ids(tree, position_start),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=list(layer_ids),
+            logits_to_keep=0,  # the input is only the tree: every row is needed
+        )
+    features = gather_target_features(outputs.hidden_states, layer_ids, captured.get("hidden"))[0]
     return outputs.logits[0].float(), features
+
+
+def capturing_taps(model: PreTrainedModel, layer_ids: list[int]):
+    """A context whose dict holds the last layer's pre-norm output when `layer_ids` tap it (id `L`, which
+    `hidden_states` does not hold: its last entry is after the final norm); an empty dict otherwise (no hook)."""
+    if model.config.get_text_config().num_hidden_layers in layer_ids:
+        return capture_last_layer_output(model)
+    return nullcontext({})
 
 
 # Processors that treat every row independently, so one call can score all nodes of a tree level at once. Any
