@@ -11,13 +11,15 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   last `cost_window` observations: robust to one slow step, and following a machine that gets busier or a context
   that gets longer.
 - **Acceptance.** The conditional acceptance rate at each draft position, `alpha[j] = P(position j accepted |
-  positions < j accepted)`, per node count, from the rounds themselves: a round that accepted `a` draft tokens of
+  positions < j accepted)`, per tree shape, from the rounds themselves: a round that accepted `a` draft tokens of
   a tree `d` deep reached positions `1 .. min(a + 1, d)` and passed `1 .. a`. The expected draft tokens of a depth
-  `d` tree are `sum_j prod_{i <= j} alpha[i]`. A position with few observations leans on the one before it (a
-  prior worth `prior_weight` rounds), which is optimistic for depths not tried yet and so explores them.
-- **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps, and the
-  interval doubles (up to `max_probe_interval`) each time plain still wins after it, so a useless head costs a
-  vanishing share of the time while a head that becomes useful (an easy passage, a repeated span) is found again.
+  `d` tree are `sum_j prod_{i <= j} alpha[i]`. A shape with few observations leans on the nearest measured shape
+  (a prior worth `prior_weight` rounds), and a position beyond that on the one before it, which is optimistic for
+  depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried.
+- **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps; the
+  interval doubles (up to `max_probe_interval`) each time such a probe accepts nothing, and starts over when one
+  accepts a token, so a useless head costs a vanishing share of the time while a head that becomes useful again
+  (an easy passage, a repeated span) is found within a few steps.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -67,7 +69,7 @@ class _Seconds:
 
 @dataclass
 class _Acceptance:
-    """Decayed counts of reaching and passing each draft position (1-based), for one node count."""
+    """Decayed counts of reaching and passing each draft position (1-based), for one tree shape."""
 
     reached: list[float] = field(default_factory=list)
     passed: list[float] = field(default_factory=list)
@@ -84,17 +86,23 @@ class _Acceptance:
                 self.reached[j] += 1.0
                 self.passed[j] += float(j < accepted)
 
-    def rates(self, depth: int, prior: float, prior_weight: float) -> list[float]:
-        """`alpha[1..depth]`: each position's rate, shrunk towards the previous position's (the first towards
-        `prior`)."""
-        rates, previous = [], prior
+    def rates(self, depth: int, prior: float | list[float], prior_weight: float) -> list[float]:
+        """`alpha[1..depth]`: each position's rate, shrunk towards its prior: `prior[j]` where given (another
+        shape's rates), else the previous position's rate (the first towards `prior` itself when a number)."""
+        priors = prior if isinstance(prior, list) else [prior]
+        rates, previous = [], priors[0]
         for j in range(depth):
             reached = self.reached[j] if j < len(self.reached) else 0.0
             passed = self.passed[j] if j < len(self.passed) else 0.0
-            rate = (passed + prior_weight * previous) / (reached + prior_weight)
+            anchor = priors[j] if j < len(priors) else previous
+            rate = (passed + prior_weight * anchor) / (reached + prior_weight)
             rates.append(rate)
             previous = rate
         return rates
+
+    @property
+    def weight(self) -> float:
+        return self.reached[0] if self.reached else 0.0
 
 
 @dataclass
@@ -108,7 +116,8 @@ class PlannerConfig:
         prior_weight (`float`): how many rounds the prior of a position is worth.
         probe_interval (`int`): plain steps before the first probe round once plain steps win.
         max_probe_interval (`int`): the longest interval between probes.
-        explore_every (`int`): every this many tree rounds, try the best shape one level deeper.
+        explore_every (`int`): every this many tree rounds, try the best shape one level deeper (or shallower, in
+            turn).
     """
 
     decay: float = 0.9
@@ -149,7 +158,7 @@ class RoundPlanner:
         self.verify_seconds: dict[int, _Seconds] = {}
         self.root_seconds, self.level_seconds = _Seconds(window), _Seconds(window)
         self.update_seconds, self.other_seconds = _Seconds(window), _Seconds(window)
-        self.acceptance: dict[int, _Acceptance] = {}
+        self.acceptance: dict[TreeShape, _Acceptance] = {}
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
 
@@ -181,12 +190,11 @@ class RoundPlanner:
             self.root_seconds.add(draft_seconds)
         self.update_seconds.add(update_seconds)
         self.other_seconds.add(other_seconds)
-        self.acceptance.setdefault(shape.total_tokens, _Acceptance()).add(accepted, tree_depth, self.config.decay)
-        if self.plain_streak:  # a probe
-            plain_still_wins = self._best_tree()[1] <= self.plain_rate()
+        self.acceptance.setdefault(shape, _Acceptance()).add(accepted, tree_depth, self.config.decay)
+        if self.plain_streak:  # a probe: a head that drafted nothing right is asked less and less often
             self.probe_interval = (
                 min(2 * self.probe_interval, self.config.max_probe_interval)
-                if plain_still_wins
+                if accepted == 0
                 else self.config.probe_interval
             )
         self.plain_streak = 0
@@ -194,22 +202,31 @@ class RoundPlanner:
 
     # ------------------------------------------------------------------------------------------------ estimates
     def expected_draft_tokens(self, shape: TreeShape) -> float:
-        """`sum_j prod_{i <= j} alpha[i]` over the `shape.depth` positions, at `shape`'s node count."""
+        """`sum_j prod_{i <= j} alpha[i]` over the `shape.depth` positions of `shape`'s own rates, which lean on the
+        nearest shape measured (a tree of other depth spreads its nodes otherwise, so its rates are only a prior)."""
         if shape.is_plain:
             return 0.0
-        counts = self.acceptance.get(shape.total_tokens) or self._nearest_acceptance(shape.total_tokens)
-        rates = counts.rates(shape.depth, self.config.prior_acceptance, self.config.prior_weight)
+        reference = self._nearest_measured(shape)
+        prior = self.config.prior_acceptance
+        if reference is not None and reference != shape:
+            prior = self.acceptance[reference].rates(reference.depth, prior, self.config.prior_weight)
+        counts = self.acceptance.get(shape, _Acceptance())
         expected, reach = 0.0, 1.0
-        for rate in rates:
+        for rate in counts.rates(shape.depth, prior, self.config.prior_weight):
             reach *= rate
             expected += reach
         return expected
 
-    def _nearest_acceptance(self, total_tokens: int) -> _Acceptance:
-        """The counts of the closest node count seen at or below `total_tokens` (more nodes never accept less),
-        else empty counts (the prior alone)."""
-        below = [n for n in self.acceptance if n <= total_tokens]
-        return self.acceptance[max(below)] if below else _Acceptance()
+    def _nearest_measured(self, shape: TreeShape) -> TreeShape | None:
+        """The measured shape closest to `shape`: the same node count and the nearest depth first, else the most
+        nodes at or below `shape`'s (more nodes never accept less), else any."""
+        measured = [other for other, counts in self.acceptance.items() if counts.weight > 0]
+        if not measured:
+            return None
+        same = [other for other in measured if other.total_tokens == shape.total_tokens]
+        below = [other for other in measured if other.total_tokens <= shape.total_tokens]
+        pool = same or below or measured
+        return min(pool, key=lambda other: (abs(other.depth - shape.depth), -other.total_tokens, other.depth))
 
     def round_seconds(self, shape: TreeShape) -> float | None:
         """Estimated seconds of a round of `shape`, `None` while nothing is known yet."""
@@ -273,8 +290,12 @@ class RoundPlanner:
             if self.plain_streak >= self.probe_interval:
                 return best
             return PLAIN_STEP
-        if self.tree_rounds and self.tree_rounds % self.config.explore_every == 0 and best.depth < self.max_depth:
-            return TreeShape(best.total_tokens, best.depth + 1)
+        if self.tree_rounds and self.tree_rounds % self.config.explore_every == 0:
+            # now and then a neighbour of the best shape, one level deeper and one shallower in turn
+            step = 1 if (self.tree_rounds // self.config.explore_every) % 2 else -1
+            depth = best.depth + step
+            if 1 <= depth <= self.max_depth:
+                return TreeShape(best.total_tokens, depth)
         return best
 
 
