@@ -54,10 +54,10 @@ from transformers import (  # noqa: E402
     Qwen3Config,
 )
 from transformers.cache_utils import DynamicCache  # noqa: E402
-from transformers.generation.streamers import BaseStreamer  # noqa: E402
 
 import eagle3_hf  # noqa: E402
 from eagle3_hf import Eagle3DraftModel  # noqa: E402
+from eagle3_hf.bench.measure import StepClock  # noqa: E402
 from eagle3_hf.generation.drafter import TreeDrafter  # noqa: E402
 from eagle3_hf.generation.verify import attention_layer_kinds, verify_tree  # noqa: E402
 from eagle3_hf.target import gather_target_features  # noqa: E402
@@ -266,25 +266,10 @@ def wall(fn, device: torch.device):
     return result, time.perf_counter() - began
 
 
-class Clock(BaseStreamer):
-    """A streamer that only timestamps `put`: once for the prompt, then once per plain step or per round (tree
-    and chain mode alike). Both loops move the tokens to the host before `put`, so each stamp follows the device
-    work of its step."""
-
-    def __init__(self):
-        self.times: list[float] = []
-
-    def put(self, value):
-        self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
-
-    def median_interval_ms(self) -> float | None:
-        """Median time between consecutive steps or rounds (the prompt and the prefill token are not steps); None
-        when the clock saw fewer than two."""
-        gaps = [b - a for a, b in zip(self.times[1:], self.times[2:])]
-        return 1e3 * statistics.median(gaps) if gaps else None
+def median_interval_ms(clock: StepClock) -> float | None:
+    """Median time between consecutive steps or rounds; None when the clock saw fewer than two."""
+    gaps = clock.intervals()
+    return 1e3 * statistics.median(gaps) if gaps else None
 
 
 def count_syncs(fn, device: torch.device) -> int | None:
@@ -631,7 +616,7 @@ def plain_baseline(target, prompt, sigma, device, args, section: dict) -> tuple[
     for _ in range(args.e2e_repeats):
         reference, seconds = wall(lambda: generate_with(target, None, prompt, None, "plain", 0.0, new, 0), device)
         runs.append(seconds)
-    clock = Clock()
+    clock = StepClock()
     generate_with(target, None, prompt, None, "plain", 0.0, new, 0, streamer=clock)
     generated = reference[0, prompt.shape[1] :]
     follows = (sigma[reference[0, prompt.shape[1] - 1 : -1]] == generated).float().mean()
@@ -641,7 +626,7 @@ def plain_baseline(target, prompt, sigma, device, args, section: dict) -> tuple[
         "prompt_length": prompt.shape[1],
         "seconds_median": statistics.median(runs),
         "tokens_per_s": new / statistics.median(runs),
-        "step_ms_inside_generate": clock.median_interval_ms(),
+        "step_ms_inside_generate": median_interval_ms(clock),
     }
     return reference, statistics.median(runs)
 
@@ -760,7 +745,7 @@ def end_to_end(target, head, prompt, reference, plain_seconds, device, args, sec
         print(f"[speed] end-to-end repeat {repeat + 1} done", flush=True)
     e2e = {}
     for (method, alpha), times in runs.items():
-        clock = Clock()  # a call of its own: the timed ones above run without a streamer
+        clock = StepClock()  # a call of its own: the timed ones above run without a streamer
         if time.time() < deadline:
             generate_with(target, head, prompt, reference, method, alpha, new, seed=0, streamer=clock)
         seconds, done = statistics.median(times), details[(method, alpha)]
@@ -772,7 +757,7 @@ def end_to_end(target, head, prompt, reference, plain_seconds, device, args, sec
             "tau_expected": expected_tau(alpha, CHAIN_TOKENS if method == "chain" else SPEED_TREE["tree_depth"]),
             "rounds": statistics.median(d["rounds"] for d in done),
             "identical_to_plain": all(d["identical_to_plain"] for d in done),
-            "round_ms": clock.median_interval_ms(),
+            "round_ms": median_interval_ms(clock),
         }
         if method != "chain":  # the loop's own per-phase clock (Eagle3GenerateOutput.round_seconds), first repeat
             e2e[f"{method}_alpha{alpha}"].update({k: v for k, v in done[0].items() if k in PHASE_KEYS})

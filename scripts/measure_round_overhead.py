@@ -23,12 +23,11 @@ only ever slow a step down (the median is printed too, to show how noisy the mac
 import argparse
 import os
 import statistics
-import time
 
 import torch
-from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.bench.measure import StepClock
 from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
 from eagle3_hf.loading import load_target
@@ -42,27 +41,9 @@ PARAGRAPH = (
 )
 
 
-class Clock(BaseStreamer):
-    """A streamer that only timestamps `put` calls: once per plain step, once per tree round."""
-
-    def __init__(self):
-        self.times: list[float] = []
-
-    def put(self, value):
-        self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
-
-    def intervals(self, skip_last: int = 0) -> list[float]:
-        """Seconds between consecutive token puts (the prompt and the prefill token are not steps)."""
-        gaps = [b - a for a, b in zip(self.times[1:], self.times[2:])]
-        return gaps[: len(gaps) - skip_last] if skip_last else gaps
-
-
 def plain_step_seconds(target, input_ids, new_tokens: int) -> list[float]:
     """The time of every step of stock greedy generate."""
-    clock = Clock()
+    clock = StepClock()
     original_generate(target, input_ids, do_sample=False, max_new_tokens=new_tokens, streamer=clock)
     return clock.intervals()
 
@@ -76,7 +57,7 @@ def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[i
     makes them cheaper.
     """
     total, depth, top_k = shape
-    clock = Clock()
+    clock = StepClock()
     output = target.generate(
         input_ids,
         assistant_model=draft,

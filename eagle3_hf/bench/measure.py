@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
+from transformers.generation.streamers import BaseStreamer
 
 from .prompts import EvalPrompt
 
@@ -59,6 +60,27 @@ def record_rounds(target: torch.nn.Module):
         yield lengths
     finally:
         handle.remove()
+
+
+class StepClock(BaseStreamer):
+    """A streamer that only timestamps `put`: once for the prompt, then once per plain step or per round (tree,
+    chain and plain decoding alike). Every loop moves the tokens to the host before `put`, so each stamp follows
+    the device work of its step."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+    def intervals(self, skip_last: int = 0) -> list[float]:
+        """Seconds between consecutive steps or rounds (the prompt and the prefill token are not steps), the last
+        `skip_last` left out."""
+        gaps = [later - earlier for earlier, later in zip(self.times[1:], self.times[2:])]
+        return gaps[: len(gaps) - skip_last] if skip_last else gaps
 
 
 def tokens_per_round(cache_lengths: list[int], final_length: int, prompt_length: int | None = None) -> list[int]:

@@ -275,22 +275,36 @@ def eagle3_generate(
     pinned = any(value is not None for value in (tree_total_tokens, tree_depth, tree_top_k))
     adaptive = not pinned if tree_adaptive is None else bool(tree_adaptive)
     draft = prepare_draft(draft_model, model)
-    node_counts, max_depth = _candidate_node_counts(model, settings, adaptive), _max_depth(settings, adaptive)
-    if tree_pack_weights is not False:
-        packed = pack_for_tree_decoding(model, draft, node_counts, max_depth, settings.top_k, settings.lookup_tokens)
-        if packed:
-            logger.info(packed)
-    planner = tree_planner
-    if planner is None and adaptive:
-        planner = _planner_for(draft, model, node_counts, max_depth, settings, generation_config)
+    planner = _prepare_rounds(model, draft, settings, adaptive, tree_pack_weights, tree_planner, generation_config)
     sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
     decoder = _TreeDecoder(
         model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer, sampled_draft
     )
-    decoder.planner = planner
+    decoder.planner = planner  # None: `settings` every round
     with torch.no_grad():
         output = decoder.run(input_ids, model_kwargs, output_draft_trees)
     return output if generation_config.return_dict_in_generate else output.sequences
+
+
+def _prepare_rounds(
+    model: PreTrainedModel,
+    draft: Eagle3DraftModel,
+    settings: TreeSettings,
+    adaptive: bool,
+    pack_weights: bool | None,
+    planner: RoundPlanner | None,
+    generation_config: GenerationConfig,
+) -> RoundPlanner | None:
+    """Pack CPU weights for every shape the rounds may take (unless `pack_weights is False`), and return the planner
+    that picks them (`planner` when given; `None` for a fixed shape)."""
+    node_counts, max_depth = _candidate_node_counts(model, settings, adaptive), _max_depth(settings, adaptive)
+    if pack_weights is not False:
+        packed = pack_for_tree_decoding(model, draft, node_counts, max_depth, settings.top_k, settings.lookup_tokens)
+        if packed:
+            logger.info(packed)
+    if planner is None and adaptive:
+        planner = _planner_for(draft, model, node_counts, max_depth, settings, generation_config)
+    return planner
 
 
 # Node counts an adaptive tree may take where every count costs no extra memory (GPU, non-float32 CPU): GEMMs of
@@ -339,6 +353,32 @@ def _max_depth(settings: TreeSettings, adaptive: bool) -> int:
     return min(max(settings.depth + 2, 4), 8) if adaptive else settings.depth
 
 
+class _PhaseClock:
+    """Marks between the phases of a round, read as seconds once the device has passed them.
+
+    On CPU a mark is `time.perf_counter()`. On CUDA it is a recorded event: marking adds no host sync to the loop
+    (the device runs ahead, as it should), and the marks are read once a later host sync (the next round's
+    acceptance) has made the device pass them.
+    """
+
+    def __init__(self, device: torch.device):
+        self.asynchronous = device.type == "cuda"
+
+    def mark(self) -> float | torch.cuda.Event:
+        if not self.asynchronous:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, marks: list) -> list[float]:
+        """Seconds between consecutive marks."""
+        if not self.asynchronous:
+            return [later - earlier for earlier, later in zip(marks, marks[1:])]
+        marks[-1].synchronize()  # passed already unless this is the last round: then it waits for that round alone
+        return [earlier.elapsed_time(later) / 1000 for earlier, later in zip(marks, marks[1:])]
+
+
 class _TreeDecoder:
     """The state of one `eagle3_generate` call: sequence, caches, positions and what to report."""
 
@@ -360,7 +400,8 @@ class _TreeDecoder:
         self.phase_seconds = {name: [] for name in ("draft", "verify", "update", "other", "planner")}
         # (tokens (1, T), features (1, T, F)) of plain steps, encoded into the draft before its next tree
         self.pending: list[tuple[torch.LongTensor, torch.Tensor]] = []
-        self.synchronize = torch.cuda.synchronize if model.device.type == "cuda" else None
+        self.clock = _PhaseClock(model.device)
+        self.unread: list[tuple] = []  # rounds whose phase marks the device may not have passed yet (CUDA)
 
     def run(self, input_ids: torch.LongTensor, model_kwargs: dict, output_draft_trees: bool) -> Eagle3GenerateOutput:
         input_device = input_ids.device
@@ -421,12 +462,6 @@ class _TreeDecoder:
             self.drafter.extend(self.sequences[:, 1:], features, keep=self.padding)
         return stopped
 
-    def _clock(self) -> float:
-        """Seconds, after the device has finished what was queued (CUDA runs asynchronously)."""
-        if self.synchronize is not None:
-            self.synchronize()
-        return time.perf_counter()
-
     def _shape(self) -> TreeShape:
         """This round's shape: the planner's choice, or the fixed settings."""
         if self.planner is None:
@@ -442,16 +477,19 @@ class _TreeDecoder:
         shape = self._shape()
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = 0 if shape.is_plain else max(0, min(shape.depth, remaining - 1))  # deeper could never be emitted
-        started = self._clock()
+        marks = [self.clock.mark()]
         if depth > 0:
             self._flush_pending()
         tree = self._draft_tree(depth, remaining, shape.total_tokens)
-        drafted = self._clock()
+        marks.append(self.clock.mark())
         padding = self._padding(cache.get_seq_length())
-        logits, features = verify_tree(
-            self.model, tree, cache, self.position, self.layer_ids, padding, layer_kinds=self.layer_kinds
-        )
-        verified = self._clock()
+        if tree.num_nodes == 1:  # a plain step: the forward plain `generate` runs, without a tree mask
+            logits, features = self._plain_forward(cache, padding)
+        else:
+            logits, features = verify_tree(
+                self.model, tree, cache, self.position, self.layer_ids, padding, layer_kinds=self.layer_kinds
+            )
+        marks.append(self.clock.mark())
         scores = process_tree_logits(self.processors, self.sequences, tree, logits)
         if self.config.do_sample:
             path, bonus = sample_accept(tree, torch.softmax(scores, dim=-1))
@@ -465,15 +503,39 @@ class _TreeDecoder:
         stopped, emitted = self._emit(new_tokens, scores[path], logits[path])
         keep_tree_entries(cache, tree.num_nodes, path[:emitted])
         self.position += emitted
-        accepted = self._clock()
+        marks.append(self.clock.mark())
         if not stopped:
             if depth > 0 or self.planner is None:
                 self.drafter.extend(new_tokens[None], features[path][None])
             else:
                 self.pending.append((new_tokens[None], features[path][None]))
-        updated = self._clock()
-        self._record(shape if depth > 0 else PLAIN_STEP, tree, path, (started, drafted, verified, accepted, updated))
+        marks.append(self.clock.mark())
+        self.shapes.append(shape if depth > 0 else PLAIN_STEP)
+        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree.depths.max(), marks))
+        self._read_rounds(final=stopped)
         return stopped
+
+    def _plain_forward(
+        self, cache: DynamicCache, padding: torch.BoolTensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target on the last token alone, as a step of plain `generate` runs it (the model builds its own causal
+        and sliding-window masks); returns `(logits (1, V), features (1, F))` like `verify_tree` on a root-only tree."""
+        token = self.sequences[:, -1:]
+        attention_mask = None
+        if padding is not None:
+            attention_mask = torch.cat([padding, padding.new_ones(1)]).long()[None]
+        with capturing_taps(self.model, self.layer_ids) as captured:
+            outputs = self.model(
+                input_ids=token,
+                attention_mask=attention_mask,
+                position_ids=torch.full((1, 1), self.position, dtype=torch.long, device=token.device),
+                cache=cache,
+                use_cache=True,
+                output_hidden_states=self.layer_ids,
+                logits_to_keep=1,
+            )
+        features = gather_target_features(outputs.hidden_states, self.layer_ids, captured.get("hidden"))
+        return outputs.logits[0].float(), features[0]
 
     def _flush_pending(self) -> None:
         """Encode the tokens of the plain steps since the last tree into the draft, in one forward."""
@@ -482,19 +544,24 @@ class _TreeDecoder:
             self.drafter.extend(torch.cat(tokens, dim=1), torch.cat(features, dim=1))
             self.pending.clear()
 
-    def _record(self, shape: TreeShape, tree: DraftTree, path: torch.LongTensor, times: tuple[float, ...]) -> None:
-        started, drafted, verified, accepted, updated = times
-        draft, verify, other, update = drafted - started, verified - drafted, accepted - verified, updated - accepted
-        self.shapes.append(shape)
-        for name, seconds in (("draft", draft), ("verify", verify), ("update", update), ("other", other)):
-            self.phase_seconds[name].append(seconds)
-        if self.planner is None:
-            return
-        if shape.is_plain:
-            self.planner.record_plain(draft + verify + other)
-        else:
-            tree_depth = int(tree.depths.max())
-            self.planner.record_tree(shape, path.shape[0] - 1, tree_depth, verify, draft, update, other)
+    def _read_rounds(self, final: bool) -> None:
+        """Turn the phase marks of finished rounds into seconds, and tell the planner what each cost and accepted.
+
+        On CUDA the newest round's marks are read at the next round (its draft update may still run on the device,
+        and reading them now would wait for it), or at the end; its planner record is one round late.
+        """
+        ready = self.unread if final or not self.clock.asynchronous else self.unread[:-1]
+        for shape, accepted, tree_depth, marks in ready:
+            draft, verify, other, update = self.clock.seconds(marks)
+            for name, seconds in (("draft", draft), ("verify", verify), ("update", update), ("other", other)):
+                self.phase_seconds[name].append(seconds)
+            if self.planner is None:
+                continue
+            if shape.is_plain:
+                self.planner.record_plain(draft + verify + other)
+            else:
+                self.planner.record_tree(shape, accepted, int(tree_depth), verify, draft, update, other)
+        self.unread = self.unread[len(ready) :]
 
     def _draft_tree(self, depth: int, remaining: int, num_nodes: int) -> DraftTree:
         """This round's tree of `num_nodes` nodes (only the root for `depth=0`), with the prompt-lookup chain when

@@ -53,14 +53,16 @@ def keep_tree_entries(cache: Cache, num_new: int, keep: torch.LongTensor) -> Non
                     f"Sliding-window layer {index} did not record its past during the tree forward; call "
                     "cache.activate_past_recording() before verifying a tree."
                 )
-            _select_tail(layer, num_new, keep)
+            if keep.shape[0] < num_new:  # all kept (a plain step): nothing to move
+                _select_tail(layer, num_new, keep)
             layer.cumulative_length = layer.cumulative_length - num_new + keep.shape[0]
             if layer.cumulative_length >= layer.sliding_window:
                 working = layer.sliding_window - 1
                 layer.keys = layer.keys[..., layer.keys.shape[-2] - working :, :]
                 layer.values = layer.values[..., layer.values.shape[-2] - working :, :]
         elif type(layer) is DynamicLayer:
-            _select_tail(layer, num_new, keep)
+            if keep.shape[0] < num_new:
+                _select_tail(layer, num_new, keep)
         else:
             raise TypeError(f"Cannot compact cache layer {index} of type {type(layer).__name__}.")
 

@@ -263,6 +263,57 @@ def _tokenize_batch(batch, tokenizer, max_length: int, overflow: str, plain_text
     return out
 
 
+def _read_conversations(
+    source, offset: int, limit: int | None, system_prompt: str | None, stats: DataStats, digest
+) -> tuple[list[list[dict[str, str]]], list[int]]:
+    """The cleaned conversations of `source[offset:offset + limit]` and their record indices; counts what was read,
+    malformed or empty into `stats` and hashes the conversations into `digest`."""
+    conversations, indices, first_invalid = [], [], None
+    for index, record in iter_records(source, offset, limit):
+        stats.read += 1
+        try:
+            messages = training_messages(record, system_prompt)
+        except ValueError as error:
+            stats.invalid += 1
+            first_invalid = first_invalid or f"record {index}: {error}"
+            logger.debug(f"Skipping record {index}: {error}")
+            continue
+        if not messages:
+            stats.empty += 1
+            continue
+        conversations.append(messages)
+        indices.append(index)
+        digest.update(json.dumps(messages).encode())
+    if first_invalid is not None:  # a whole dataset in an unexpected layout must not shrink silently
+        logger.warning(f"{source!r:.100}: skipped {stats.invalid} malformed records; the first, {first_invalid}")
+    if not conversations:
+        raise ValueError(f"No usable conversation in {source!r:.100} (offset={offset}, limit={limit}): {stats}.")
+    return conversations, indices
+
+
+def _warn_plain_text_loss(plain_text_loss: str) -> None:
+    """Say which tokens take the loss when a tokenizer without chat template renders plain text, and how to change
+    it."""
+    covered = {"all": "every token after BOS (users' text too)", "assistant": "only the assistant turns' text"}
+    other = "assistant" if plain_text_loss == "all" else "all"
+    logger.warning(
+        f"The tokenizer has no chat template: conversations are rendered as plain text (contents joined by blank "
+        f"lines) and the loss covers {covered[plain_text_loss]} (plain_text_loss={plain_text_loss!r}). To change it "
+        f"pass plain_text_loss={other!r} (CLI: --plain_text_loss {other}), or give the tokenizer a chat template."
+    )
+
+
+def _tally_rows(columns: dict[str, list], stats: DataStats) -> list[int]:
+    """The rows to keep (kept or truncated), after adding each row's status and token counts to `stats`."""
+    keep = [i for i, status in enumerate(columns["status"]) if status in ("kept", "truncated")]
+    for name in ("truncated", "dropped", "invalid"):
+        setattr(stats, name, getattr(stats, name) + columns["status"].count(name))
+    stats.kept = len(keep)
+    for name, column in (("approximate", "approximate"), ("tokens", "num_tokens"), ("loss_tokens", "num_loss_tokens")):
+        setattr(stats, name, int(sum(columns[column][i] for i in keep)))
+    return keep
+
+
 def build_training_dataset(
     source,
     tokenizer,
@@ -303,38 +354,10 @@ def build_training_dataset(
         raise ValueError(f"overflow={overflow!r}; expected 'truncate' or 'drop'.")
     if max_length < 2:
         raise ValueError(f"max_length={max_length} must be at least 2.")
-    stats, conversations, indices, digest = DataStats(), [], [], hashlib.sha256()
-    first_invalid = None
-    for index, record in iter_records(source, offset, limit):
-        stats.read += 1
-        try:
-            messages = training_messages(record, system_prompt)
-        except ValueError as error:
-            stats.invalid += 1
-            first_invalid = first_invalid or f"record {index}: {error}"
-            logger.debug(f"Skipping record {index}: {error}")
-            continue
-        if not messages:
-            stats.empty += 1
-            continue
-        conversations.append(messages)
-        indices.append(index)
-        digest.update(json.dumps(messages).encode())
-    if first_invalid is not None:  # a whole dataset in an unexpected layout must not shrink silently
-        logger.warning(f"{source!r:.100}: skipped {stats.invalid} malformed records; the first, {first_invalid}")
-    if not conversations:
-        raise ValueError(f"No usable conversation in {source!r:.100} (offset={offset}, limit={limit}): {stats}.")
+    stats, digest = DataStats(), hashlib.sha256()
+    conversations, indices = _read_conversations(source, offset, limit, system_prompt, stats, digest)
     if tokenizer.chat_template is None:  # the loss mask then depends on a choice the user may not know exists
-        covered = {
-            "all": "every token after BOS (users' text too)",
-            "assistant": "only the assistant turns' text",
-        }[plain_text_loss]
-        other = "assistant" if plain_text_loss == "all" else "all"
-        logger.warning(
-            f"The tokenizer has no chat template: conversations are rendered as plain text (contents joined by blank "
-            f"lines) and the loss covers {covered} (plain_text_loss={plain_text_loss!r}). To change it pass "
-            f"plain_text_loss={other!r} (CLI: --plain_text_loss {other}), or give the tokenizer a chat template."
-        )
+        _warn_plain_text_loss(plain_text_loss)
     settings = [_FORMAT_VERSION, tokenizer_fingerprint(tokenizer), max_length, overflow, plain_text_loss]
     digest.update(json.dumps(settings).encode())
     fingerprint = digest.hexdigest()[:16]
@@ -350,12 +373,8 @@ def build_training_dataset(
         desc="Tokenizing conversations",
     )
     columns = dataset.select_columns(["status", "approximate", "num_tokens", "num_loss_tokens"]).to_dict()
-    keep = [i for i, status in enumerate(columns["status"]) if status in ("kept", "truncated")]
-    for name in ("truncated", "dropped", "invalid"):
-        setattr(stats, name, getattr(stats, name) + columns["status"].count(name))
-    stats.kept, stats.fingerprint = len(keep), fingerprint
-    for name, column in (("approximate", "approximate"), ("tokens", "num_tokens"), ("loss_tokens", "num_loss_tokens")):
-        setattr(stats, name, int(sum(columns[column][i] for i in keep)))
+    keep = _tally_rows(columns, stats)
+    stats.fingerprint = fingerprint
     dataset = dataset.select(keep, new_fingerprint=f"{fingerprint}-selected")
     dataset = dataset.remove_columns(list(columns), new_fingerprint=fingerprint)
     dataset.info.description = stats.to_json()
