@@ -1,0 +1,196 @@
+"""`eagle3_hf.training.diagnostics` and `eagle3-hf diagnose` on tiny models built in code."""
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+
+from eagle3_hf import Eagle3DraftModel
+from eagle3_hf.commands import diagnose as diagnose_command
+from eagle3_hf.generation.tree import additive_mask
+from eagle3_hf.training.diagnostics import (
+    draft_forward_ms,
+    heldout_sharegpt_records,
+    markdown_report,
+    score_head,
+)
+from eagle3_hf.training.trainer import Eagle3Trainer
+
+from .conftest import make_tiny_target
+from .oracle_draft import OracleDraft
+from .test_data import make_chat_tokenizer
+from .test_trainer import make_args, make_sharp_target
+
+
+FIRST_TOKEN = 1  # every sample starts with it, as a chat template's first token: the oracle needs one
+
+
+class UnrollOracle(OracleDraft):
+    """`OracleDraft` under the training-time test: the unroll passes a dict of bool masks, the oracle reads one
+    additive mask (its rows then rebuild exactly the prefix plus own chain that each TTT query stands for)."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        if isinstance(attention_mask, dict):
+            mask = attention_mask["full_attention"]
+            attention_mask = additive_mask(mask, torch.float32) if mask.dtype == torch.bool else mask
+        return super().forward(input_ids, attention_mask=attention_mask, **kwargs)
+
+
+def make_samples(lengths=(12, 9, 16, 7, 14), seed: int = 0) -> Dataset:
+    """Random rows after a fixed first token; the first 3 tokens play the prompt (loss_mask 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = [[FIRST_TOKEN] + torch.randint(0, 128, (n - 1,), generator=generator).tolist() for n in lengths]
+    return Dataset.from_dict({"input_ids": rows, "loss_mask": [[0] * 3 + [1] * (len(r) - 3) for r in rows]})
+
+
+def random_head(target, draft_vocab_size: int = 64) -> Eagle3DraftModel:
+    torch.manual_seed(1)
+    return Eagle3DraftModel.from_target(target, draft_vocab_size=draft_vocab_size).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_sharp_target()
+
+
+class TestScoreHead:
+    def test_accuracies_are_fractions_nested_in_k_and_equal_the_trainers_metrics(self, target, tmp_path):
+        draft, samples = random_head(target), make_samples()
+        scores = score_head(draft, target, samples, ttt_steps=3, top_ks=(8, 1, 4), batch_size=2)
+        assert list(scores.top_k_accuracy) == [1, 4, 8]
+        for values in scores.top_k_accuracy.values():
+            assert len(values) == 3 and all(0.0 <= value <= 1.0 for value in values)
+        for step in range(3):
+            top = [scores.top_k_accuracy[k][step] for k in (1, 4, 8)]
+            assert top == sorted(top)
+        assert scores.top_k_accuracy[8][0] > scores.top_k_accuracy[1][0]  # a random head is not always right...
+        assert 1.0 <= scores.acceptance_length <= 4.0
+        # a row of n tokens has loss_mask[t + 2 + k] = 1 for t in [max(0, 1 - k), n - 3 - k]: n - 3, n - 3, n - 4
+        assert scores.positions == [43, 43, 38]
+        assert (scores.conversations, scores.tokens) == (5, 58)
+        # ... and top-1 and the acceptance length are the trainer's own eval metrics on the same data
+        args = make_args(tmp_path, ttt_steps=3, per_device_eval_batch_size=3)
+        metrics = Eagle3Trainer(draft, args, target_model=target, eval_dataset=samples).evaluate()
+        for step in range(3):
+            assert scores.top_k_accuracy[1][step] == pytest.approx(metrics[f"eval_acc_step_{step}"], abs=1e-6)
+        assert scores.acceptance_length == pytest.approx(metrics["eval_acceptance_length"], abs=1e-6)
+
+    def test_an_oracle_head_scores_far_above_a_random_one(self, target):
+        samples = make_samples()
+        oracle = UnrollOracle.from_target(target, draft_vocab_size=128).eval()
+        oracle.reset(target, torch.tensor([[FIRST_TOKEN]]))
+        right = score_head(oracle, target, samples, ttt_steps=3, batch_size=1)
+        wrong = score_head(random_head(target, 128), target, samples, ttt_steps=3, batch_size=1)
+        for step in range(3):
+            assert right.top_k_accuracy[1][step] > 0.99
+            assert right.top_k_accuracy[1][step] > wrong.top_k_accuracy[1][step] + 0.5
+        # every chain runs to the end of its row (at most 3 steps): a mean well above the random head's
+        assert right.acceptance_length > wrong.acceptance_length + 1.0
+
+    def test_bad_arguments_are_named(self, target):
+        draft, samples = random_head(target), make_samples()
+        with pytest.raises(ValueError, match="ttt_steps=0"):
+            score_head(draft, target, samples, ttt_steps=0)
+        with pytest.raises(ValueError, match=r"top_ks=\[1, 65\]"):
+            score_head(draft, target, samples, top_ks=(1, 65))
+
+    def test_markdown_report_has_a_row_per_step_and_the_costs(self, target):
+        scores = score_head(random_head(target), target, make_samples(), ttt_steps=2, top_ks=(1, 4))
+        table = markdown_report({"train": scores, "heldout": scores}, {1: 0.5, 4: 0.75})
+        lines = table.splitlines()
+        assert lines[0] == "| step k | train top-1 | train top-4 | heldout top-1 | heldout top-4 |"
+        assert lines[2].startswith("| 0 | ") and lines[3].startswith("| 1 | ")
+        assert "1 node 0.50 ms, 4 nodes 0.75 ms" in table
+
+
+def test_draft_forward_ms_times_each_node_count(target):
+    timings = draft_forward_ms(random_head(target), node_counts=(1, 4, 8), context_length=32, repeats=3, warmup=1)
+    assert list(timings) == [1, 4, 8] and all(ms > 0 for ms in timings.values())
+    with pytest.raises(ValueError, match="node_counts"):
+        draft_forward_ms(random_head(target), node_counts=(0,))
+
+
+def test_heldout_records_follow_the_benchmarks_duplicate_filter():
+    def record(i, prompt):
+        turns = [{"from": "human", "value": prompt}, {"from": "gpt", "value": f"answer {i}"}]
+        return {"id": f"r{i}", "conversations": turns}
+
+    prompts = ["a", "b", "a ", "c", "c", "d", "e"]  # "a " repeats a training prompt, the second "c" the slice's
+    records = heldout_sharegpt_records(2, start=2, source=[record(i, p) for i, p in enumerate(prompts)])
+    assert [(r["id"], r["index"]) for r in records] == [("r3", 3), ("r5", 5)]
+    assert records[0]["messages"] == [{"role": "user", "content": "c"}, {"role": "assistant", "content": "answer 3"}]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diagnose")
+    tokenizer = make_chat_tokenizer()
+    target = make_tiny_target(vocab_size=len(tokenizer), max_position_embeddings=512)
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    random_head(target).save_pretrained(root / "head")
+    for name, count in (("train", 3), ("heldout", 4)):
+        chats = [
+            {
+                "conversations": [
+                    {"from": "human", "value": f"What is {i} plus {i}?"},
+                    {"from": "gpt", "value": "x"},
+                ]
+            }
+            for i in range(count)
+        ]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in chats))
+    return root
+
+
+class TestCommand:
+    def argv(self, root, *extra):
+        return [
+            f"--target={root / 'target'}",
+            f"--head={root / 'head'}",
+            f"--data={root / 'train.jsonl'}",
+            f"--heldout-data={root / 'heldout.jsonl'}",
+            "--heldout-offset=0",
+            "--ttt-steps=2",
+            "--top-k",
+            "1",
+            "2",
+            "--forward-nodes",
+            "1",
+            "2",
+            "--forward-context=8",
+            "--forward-repeats=2",
+            "--max-new-tokens=4",
+            "--device=cpu",
+            "--no_progress",
+            *extra,
+        ]
+
+    def test_writes_the_report_and_reuses_a_regenerated_file_as_is(self, folders, tmp_path, capsys):
+        output, kept = tmp_path / "report.json", tmp_path / "answers"
+        assert diagnose_command.main(self.argv(folders, f"--output={output}", f"--regenerated-dir={kept}")) == 0
+        report = json.loads(output.read_text())
+        assert set(report) >= {"splits", "forward_ms", "environment", "seconds", "ttt_steps", "arguments"}
+        assert list(report["forward_ms"]) == ["1", "2"]
+        for name, conversations in (("train", 3), ("heldout", 4)):
+            split = report["splits"][name]
+            assert split["conversations"] == conversations
+            assert split["answers"].startswith("regenerated by the target")
+            assert len(split["top1"]) == len(split["top2"]) == 2
+            assert all(0 <= a <= b <= 1 for a, b in zip(split["top1"], split["top2"]))
+        assert "| step k | train top-1 | train top-2 | heldout top-1 | heldout top-2 |" in capsys.readouterr().out
+        # The regenerated file as --data: already the target's answers, scored as they are, to the same numbers.
+        (regenerated,) = kept.glob("train-*.jsonl")
+        again = tmp_path / "again.json"
+        assert diagnose_command.main(self.argv(folders, f"--output={again}", f"--data={regenerated}")) == 0
+        train = json.loads(again.read_text())["splits"]["train"]
+        assert train["answers"].startswith("the target's own")
+        assert train["top1"] == report["splits"]["train"]["top1"]
+
+    @pytest.mark.parametrize(
+        "flags, message", [(["--ttt-steps=0"], "--ttt-steps=0"), (["--eval-samples=2"], "--eval-samples=2")]
+    )
+    def test_bad_flags_are_named_before_anything_loads(self, flags, message):
+        with pytest.raises(ValueError, match=message):
+            diagnose_command.main(flags)
