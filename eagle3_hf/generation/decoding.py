@@ -278,9 +278,16 @@ def eagle3_generate(
     planner = _prepare_rounds(model, draft, settings, adaptive, tree_pack_weights, tree_planner, generation_config)
     sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
     decoder = _TreeDecoder(
-        model, draft, settings, logits_processor, stopping_criteria, generation_config, eagle3_streamer, sampled_draft
+        model,
+        draft,
+        settings,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        eagle3_streamer,
+        sampled_draft,
+        planner,  # None: `settings` every round
     )
-    decoder.planner = planner  # None: `settings` every round
     with torch.no_grad():
         output = decoder.run(input_ids, model_kwargs, output_draft_trees)
     return output if generation_config.return_dict_in_generate else output.sequences
@@ -383,7 +390,16 @@ class _TreeDecoder:
     """The state of one `eagle3_generate` call: sequence, caches, positions and what to report."""
 
     def __init__(
-        self, model, draft, settings, logits_processor, stopping_criteria, generation_config, streamer, sampled_draft
+        self,
+        model,
+        draft,
+        settings,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer,
+        sampled_draft,
+        planner: RoundPlanner | None = None,
     ):
         self.model, self.settings, self.streamer, self.sampled_draft = model, settings, streamer, sampled_draft
         self.drafter = TreeDrafter(draft, settings.top_k)
@@ -395,7 +411,7 @@ class _TreeDecoder:
         self.scores = [] if keep_scores and generation_config.output_scores else None
         self.raw_logits = [] if keep_scores and generation_config.output_logits else None
         self.accepted, self.trees, self.paths = [], [], []
-        self.planner: RoundPlanner | None = None
+        self.planner = planner
         self.shapes: list[TreeShape] = []
         self.phase_seconds = {name: [] for name in ("draft", "verify", "update", "other", "planner")}
         # (tokens (1, T), features (1, T, F)) of plain steps, encoded into the draft before its next tree
