@@ -47,6 +47,45 @@ def test_picks_plain_steps_when_nothing_is_accepted_and_probes_less_and_less():
     assert planner.rate(PLAIN_STEP) > planner.rate(planner._best_tree()[0])
 
 
+def test_probes_back_off_near_break_even():
+    """Probes that accept a token but still lose against plain steps (a round costs more than two plain steps) come
+    less and less often, as probes that accept nothing do."""
+    planner = make_planner()
+    shapes = []
+    for _ in range(300):
+        shape = planner.choose()
+        if shape.is_plain:
+            planner.record_plain(PLAIN)
+        else:
+            planner.record_tree(shape, 1, shape.depth, 2.2 * PLAIN, 0.1, 0.05, 0.02)
+        shapes.append(shape)
+    probes = [index for index, shape in enumerate(shapes) if not shape.is_plain]
+    assert probes[-1] - probes[-2] == 64 + 1
+    assert len(probes) <= 14
+
+
+def test_exploration_stops_trying_neighbours_measured_clearly_worse():
+    """Depth 2 pays most; depth 3 (a level more for a position that is never accepted) is 14% worse once measured:
+    within the margin it would be retried every `explore_every` rounds forever."""
+
+    def off_best_rounds(margin: float) -> int:
+        planner = make_planner(explore_margin=margin)
+        shapes = []
+        for _ in range(200):
+            shape = planner.choose()
+            if shape.is_plain:
+                planner.record_plain(PLAIN)
+            else:
+                draft = 0.02 + 0.3 * (shape.depth - 1)
+                planner.record_tree(shape, min(shape.depth, 2), shape.depth, 1.4 * PLAIN, draft, 0.05, 0.02)
+            shapes.append(shape)
+        assert max(set(shapes[-100:]), key=shapes[-100:].count) == TreeShape(8, 2)
+        return sum(shape != TreeShape(8, 2) for shape in shapes[-100:])
+
+    assert off_best_rounds(0.1) == 0
+    assert off_best_rounds(1.0) >= 5  # always exploring: every 8th round a neighbour
+
+
 def test_picks_the_deepest_tree_when_everything_is_accepted():
     planner = make_planner()
     shapes = [run_round(planner, lambda depth: depth) for _ in range(60)]

@@ -7,19 +7,22 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
 
 - **Costs.** Seconds of a plain one-token step; of verifying `n` nodes (per node count seen, interpolated
   linearly in `n` between and beyond them, a plain step being the one-node case); of the draft's root expansion
-  and of each further draft level; of the draft update and of the rest of a round. Each is the lower third of its
-  last `cost_window` observations: robust to one slow step, and following a machine that gets busier or a context
-  that gets longer.
+  and of each further draft level; of the draft update and of the rest of a round. Each is the mean of its last
+  `cost_window` observations without the slowest: robust to one slow step, unbiased for the throughput (a low
+  quantile would favour the tree, whose rounds a busy machine slows more unevenly than plain steps), and following
+  a machine that gets busier or a context that gets longer.
 - **Acceptance.** The conditional acceptance rate at each draft position, `alpha[j] = P(position j accepted |
   positions < j accepted)`, per tree shape, from the rounds themselves: a round that accepted `a` draft tokens of
   a tree `d` deep reached positions `1 .. min(a + 1, d)` and passed `1 .. a`. The expected draft tokens of a depth
   `d` tree are `sum_j prod_{i <= j} alpha[i]`. A shape with few observations leans on the nearest measured shape
   (a prior worth `prior_weight` rounds), and a position beyond that on the one before it, which is optimistic for
-  depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried.
+  depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
+  estimate is within `explore_margin` of the best (a neighbour measured clearly worse costs nothing more).
 - **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps; the
-  interval doubles (up to `max_probe_interval`) each time such a probe accepts nothing, and starts over when one
-  accepts a token, so a useless head costs a vanishing share of the time while a head that becomes useful again
-  (an easy passage, a repeated span) is found within a few steps.
+  interval doubles (up to `max_probe_interval`) each time such a probe yields fewer tokens per second than a
+  plain step does, and starts over when one beats it, so a head that does not pay costs a vanishing share of the
+  time, also near break-even, while a head that becomes useful again (an easy passage, a repeated span) is found
+  within a few steps.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -47,10 +50,11 @@ PLAIN_STEP = TreeShape(total_tokens=1, depth=0)
 
 
 class _Seconds:
-    """A robust running cost: the lower third of the last `window` observations (`None` until the first).
+    """A robust running cost: the mean of the last `window` observations without the slowest one (`None` until the
+    first).
 
-    Other processes and one-off work (a kernel's first call, a page fault) only ever make a step slower, so a low
-    quantile of recent steps estimates what the next one costs without being thrown by one slow step; a machine
+    One-off work (a kernel's first call, a page fault, another process waking up) makes a single step slow, and the
+    slowest observation is left out; the rest are averaged, since tokens per second follow the mean cost. A machine
     that stays busier moves the whole window, and so the estimate, within `window / 2` observations.
     """
 
@@ -64,7 +68,8 @@ class _Seconds:
     def value(self) -> float | None:
         if not self.recent:
             return None
-        return sorted(self.recent)[(len(self.recent) - 1) // 3]
+        kept = sorted(self.recent)[:-1] if len(self.recent) > 2 else self.recent
+        return sum(kept) / len(kept)
 
 
 @dataclass
@@ -118,6 +123,8 @@ class PlannerConfig:
         max_probe_interval (`int`): the longest interval between probes.
         explore_every (`int`): every this many tree rounds, try the best shape one level deeper (or shallower, in
             turn).
+        explore_margin (`float`): explore a neighbour only while its estimated rate is at least `1 - explore_margin`
+            times the best's.
     """
 
     decay: float = 0.9
@@ -127,6 +134,7 @@ class PlannerConfig:
     probe_interval: int = 4
     max_probe_interval: int = 64
     explore_every: int = 8
+    explore_margin: float = 0.1
 
 
 class RoundPlanner:
@@ -191,11 +199,12 @@ class RoundPlanner:
         self.update_seconds.add(update_seconds)
         self.other_seconds.add(other_seconds)
         self.acceptance.setdefault(shape, _Acceptance()).add(accepted, tree_depth, self.config.decay)
-        if self.plain_streak:  # a probe: a head that drafted nothing right is asked less and less often
+        if self.plain_streak:  # a probe: while probes lose against plain steps they come less and less often
+            plain = self.plain_seconds.value
+            seconds = verify_seconds + draft_seconds + update_seconds + other_seconds
+            paid = plain is not None and (accepted + 1) * plain >= seconds
             self.probe_interval = (
-                min(2 * self.probe_interval, self.config.max_probe_interval)
-                if accepted == 0
-                else self.config.probe_interval
+                self.config.probe_interval if paid else min(2 * self.probe_interval, self.config.max_probe_interval)
             )
         self.plain_streak = 0
         self.tree_rounds += 1
@@ -266,10 +275,14 @@ class RoundPlanner:
     def plain_rate(self) -> float:
         return self.rate(PLAIN_STEP)
 
-    def _candidates(self) -> list[TreeShape]:
+    def _fits(self, shape: TreeShape) -> bool:
+        """Whether a tree `shape.depth` deep, `top_k` wide, can hold `shape.total_tokens` nodes."""
         k = self.top_k
-        depths = range(1, self.max_depth + 1)
-        return [TreeShape(n, d) for n in self.node_counts for d in depths if n <= 1 + k + (d - 1) * k * k]
+        return 1 <= shape.depth <= self.max_depth and shape.total_tokens <= 1 + k + (shape.depth - 1) * k * k
+
+    def _candidates(self) -> list[TreeShape]:
+        shapes = (TreeShape(n, d) for n in self.node_counts for d in range(1, self.max_depth + 1))
+        return [shape for shape in shapes if self._fits(shape)]
 
     def _best_tree(self) -> tuple[TreeShape, float]:
         rated = [(shape, self.rate(shape)) for shape in self._candidates()]
@@ -293,9 +306,11 @@ class RoundPlanner:
         if self.tree_rounds and self.tree_rounds % self.config.explore_every == 0:
             # now and then a neighbour of the best shape, one level deeper and one shallower in turn
             step = 1 if (self.tree_rounds // self.config.explore_every) % 2 else -1
-            depth = best.depth + step
-            if 1 <= depth <= self.max_depth:
-                return TreeShape(best.total_tokens, depth)
+            neighbour = TreeShape(best.total_tokens, best.depth + step)
+            if self._fits(neighbour):
+                rate = self.rate(neighbour)
+                if math.isnan(rate) or rate >= (1 - self.config.explore_margin) * best_rate:
+                    return neighbour
         return best
 
 
