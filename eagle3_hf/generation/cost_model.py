@@ -19,10 +19,10 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
   estimate is within `explore_margin` of the best (a neighbour measured clearly worse costs nothing more).
 - **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps; the
-  interval doubles (up to `max_probe_interval`) each time such a probe yields fewer tokens per second than a
-  plain step does, and starts over when one beats it, so a head that does not pay costs a vanishing share of the
-  time, also near break-even, while a head that becomes useful again (an easy passage, a repeated span) is found
-  within a few steps.
+  interval doubles (up to `max_probe_interval`) after each probe, and starts over after one that clearly beats
+  plain steps (`probe_reset_ratio` times their tokens per second), so a head that does not pay costs a vanishing
+  share of the time, also near break-even, where a lucky probe is no evidence, while a head that becomes useful
+  again (an easy passage, a repeated span) is found within a few steps.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -121,6 +121,9 @@ class PlannerConfig:
         prior_weight (`float`): how many rounds the prior of a position is worth.
         probe_interval (`int`): plain steps before the first probe round once plain steps win.
         max_probe_interval (`int`): the longest interval between probes.
+        probe_reset_ratio (`float`): a probe that yields this many times a plain step's tokens per second starts the
+            probe interval over; any other doubles it. Above 1, so that near break-even (sampling with a middling
+            head) the lucky probes do not keep it short: there every probe costs more than it brings.
         explore_every (`int`): every this many tree rounds, try the best shape one level deeper (or shallower, in
             turn).
         explore_margin (`float`): explore a neighbour only while its estimated rate is at least `1 - explore_margin`
@@ -133,6 +136,7 @@ class PlannerConfig:
     prior_weight: float = 2.0
     probe_interval: int = 4
     max_probe_interval: int = 64
+    probe_reset_ratio: float = 1.5
     explore_every: int = 8
     explore_margin: float = 0.1
 
@@ -202,9 +206,9 @@ class RoundPlanner:
         if self.plain_streak:  # a probe: while probes lose against plain steps they come less and less often
             plain = self.plain_seconds.value
             seconds = verify_seconds + draft_seconds + update_seconds + other_seconds
-            paid = plain is not None and (accepted + 1) * plain >= seconds
+            won = plain is not None and (accepted + 1) * plain >= self.config.probe_reset_ratio * seconds
             self.probe_interval = (
-                self.config.probe_interval if paid else min(2 * self.probe_interval, self.config.max_probe_interval)
+                self.config.probe_interval if won else min(2 * self.probe_interval, self.config.max_probe_interval)
             )
         self.plain_streak = 0
         self.tree_rounds += 1
