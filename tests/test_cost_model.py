@@ -137,3 +137,19 @@ def test_a_cheaper_node_count_wins_at_equal_acceptance():
 def test_candidates_fit_the_tree_width(top_k, depth, largest):
     planner = RoundPlanner([4, 5, 7, 8], max_depth=depth, top_k=top_k, start=TreeShape(min(largest, 4), 1))
     assert max(shape.total_tokens for shape in planner._candidates() if shape.depth == depth) <= largest
+
+
+def test_tokens_a_lookup_chain_accepts_past_the_tree_depth_count():
+    """Rounds of a 3-deep tree accept 5 draft tokens through a grafted prompt-lookup chain 6 deep: counting only the
+    tree's own 3 positions, a round costing 4.5 plain steps would lose against plain steps; with the chain it pays."""
+    planner = make_planner()
+    shapes = []
+    for _ in range(60):
+        shape = planner.choose()
+        if shape.is_plain:
+            planner.record_plain(PLAIN)
+        else:
+            planner.record_tree(shape, min(5, shape.depth + 2), shape.depth + 3, 4.5 * PLAIN, 0.1, 0.05, 0.02)
+        shapes.append(shape)
+    assert planner.expected_draft_tokens(TreeShape(8, 3)) > 4.0
+    assert not any(shape.is_plain for shape in shapes[-20:])

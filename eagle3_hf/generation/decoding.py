@@ -496,6 +496,7 @@ class _TreeDecoder:
         marks = [self.clock.mark()]
         if depth > 0:
             self._flush_pending()
+        marks.append(self.clock.mark())
         tree = self._draft_tree(depth, remaining, shape.total_tokens)
         marks.append(self.clock.mark())
         padding = self._padding(cache.get_seq_length())
@@ -568,11 +569,14 @@ class _TreeDecoder:
         """
         ready = self.unread if final or not self.clock.asynchronous else self.unread[:-1]
         for shape, accepted, tree_depth, marks in ready:
-            draft, verify, other, update = self.clock.seconds(marks)
-            for name, seconds in (("draft", draft), ("verify", verify), ("update", update), ("other", other)):
+            flush, draft, verify, other, update = self.clock.seconds(marks)
+            phases = (("draft", flush + draft), ("verify", verify), ("update", update), ("other", other))
+            for name, seconds in phases:
                 self.phase_seconds[name].append(seconds)
             if self.planner is None:
                 continue
+            # The deferred update of earlier plain steps is theirs, not this tree's: charged to the tree, it grew with
+            # the plain streak before a probe and kept probes looking worse the longer plain steps had run.
             if shape.is_plain:
                 self.planner.record_plain(draft + verify + other)
             else:
