@@ -27,6 +27,25 @@ class ModelArguments:
     draft_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Start from this head (any dialect) instead of a fresh one."}
     )
+    draft_num_hidden_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Decoder layers of the head (default: 1 for a fresh head). With --draft_model_name_or_path the "
+            "head keeps its own layers and grows to this many (its tensors kept, new layers appended; never shrunk)."
+        },
+    )
+    draft_intermediate_size: int | None = field(
+        default=None, metadata={"help": "MLP width of a fresh head's layers (default: the target's)."}
+    )
+    init_layers_from_target: str = field(
+        default="none",
+        metadata={
+            "help": "How the layers after the first start (a fresh head's layers 1.., a grown head's new layers): "
+            "'none' (random), 'identity' (o_proj and down_proj zeroed: the head starts computing what its first "
+            "layers do) or 'top' (copies of the target's top decoder layers; sizes must match).",
+            "choices": ["none", "identity", "top"],
+        },
+    )
     init_from_target: bool = field(
         default=True,
         metadata={"help": "Start a fresh head's lm_head (draft-vocabulary rows) and norm from the target's."},
@@ -204,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         draft_vocab_size=model_args.draft_vocab_size,
         pretrained=model_args.draft_model_name_or_path,
         target_layer_ids=[layers - 3] if args.single_feature else None,
+        num_hidden_layers=model_args.draft_num_hidden_layers,
+        intermediate_size=model_args.draft_intermediate_size,
+        init_layers_from_target=model_args.init_layers_from_target,
         init_from_target=model_args.init_from_target,
         init_fc_from_top_feature=model_args.init_fc_from_top_feature,
         freeze_lm_head=model_args.freeze_lm_head,
