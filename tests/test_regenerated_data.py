@@ -1,0 +1,58 @@
+"""The committed self-distilled data (`data/regenerated/`): complete records, traceable to their ShareGPT source, and
+none of the benchmark's prompts among them."""
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from eagle3_hf.bench.prompts import SHAREGPT_HELDOUT_START, load_human_eval, load_mt_bench, load_sharegpt_heldout
+from eagle3_hf.training.records import first_user_turn, iter_records, normalize_messages
+
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "regenerated" / "sharegpt-turn1.jsonl.gz"
+TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def normalized(text: str) -> str:
+    """Lower case, whitespace collapsed: a prompt pasted again with other spacing or case still matches."""
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    with gzip.open(DATA, "rt", encoding="utf-8") as handle:
+        lines = handle.read().split("\n")
+    assert lines[-1] == "", f"{DATA} ends inside a record"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_records_are_complete_first_turns_of_the_training_slice(records):
+    assert len(records) > 2000
+    indices = [record["index"] for record in records]
+    assert len(set(indices)) == len(indices)
+    assert max(indices) < SHAREGPT_HELDOUT_START  # the benchmark's held-out slice is never regenerated
+    for record in records:
+        assert record["model"] == TARGET
+        roles = [message["role"] for message in normalize_messages(record)]
+        assert roles in (["user", "assistant"], ["system", "user", "assistant"])  # ShareGPT's own system turn kept
+        assert len(record["finish_reasons"]) == 1 and record["finish_reasons"][0] in ("stop", "length")
+        assert record["messages"][-1]["content"].strip()
+
+
+def test_every_prompt_is_its_sharegpt_records_first_user_turn(records):
+    by_index = {record["index"]: first_user_turn(record) for record in records}
+    source = dict(iter_records("sharegpt", limit=max(by_index) + 1))
+    mismatched = [index for index, turn in by_index.items() if first_user_turn(source[index]) != turn]
+    assert not mismatched
+
+
+def test_no_benchmark_prompt_is_in_the_training_data(records):
+    """MT-bench (both turns), HumanEval and the held-out ShareGPT prompts the benchmark draws from (its first 400)."""
+    evaluation = {normalized(turn) for prompt in load_mt_bench(num_turns=2) for turn in prompt.turns}
+    evaluation |= {normalized(prompt.turns[0]) for prompt in load_human_eval()}
+    evaluation |= {normalized(prompt.turns[0]) for prompt in load_sharegpt_heldout(400)}
+    overlap = [record["index"] for record in records if normalized(first_user_turn(record)) in evaluation]
+    assert not overlap, f"training records {overlap[:10]} repeat a benchmark prompt"
