@@ -13,6 +13,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("eagle3_hf.commands.env", "print versions and the offline assets found"),
     "regenerate": ("eagle3_hf.commands.regenerate", "answer chat data with the target itself (resumable JSONL)"),
+    "magpie": ("eagle3_hf.commands.magpie", "the target writes user prompts itself (Magpie), filtered, as JSONL"),
+    "check-data": ("eagle3_hf.commands.check_data", "find training records that overlap the evaluation prompts"),
     "vocab": ("eagle3_hf.commands.vocab", "choose the draft vocabulary from the training data (d2t/t2d file)"),
     "train": ("eagle3_hf.commands.train", "train an EAGLE-3 head with the Transformers Trainer (online/offline)"),
     "convert": ("eagle3_hf.commands.convert", "convert a head between checkpoint dialects"),

@@ -2,6 +2,8 @@
 
 - `records`: reading chat records (JSON / JSONL, cut-off files, datasets, lists) and normalising them;
 - `regenerate`: the target answers the user turns itself (self-distilled, resumable JSONL);
+- `magpie`: the target writes user prompts itself from its template's user prefix (Magpie), filtered;
+- `exclusion`: which training records overlap the benchmark's evaluation prompts;
 - `data`: conversations -> `input_ids` / `loss_mask` under any chat template, `DataCollatorForEagle3`;
 - `vocab`: choosing the draft vocabulary from the training answers, and its cache file;
 - `heads`: the head to train (fresh from the target, or continued), with its vocabulary;
