@@ -9,22 +9,20 @@ near-duplicates, overlap with the benchmark's evaluation sets) and appends them 
 records, which `eagle3-hf regenerate --data FILE` then answers. See docs/training-data.md.
 """
 
-import itertools
 import json
 import logging
 import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
 from transformers import GenerationConfig
 
 from .exclusion import EvaluationIndex, normalize_words
+from .records import read_appended_records, unused_sibling
 from .regenerate import generate_replies, make_generation_config
 
 
@@ -223,49 +221,16 @@ class MagpieStats:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
 
-def _written_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a Magpie output file. A last line without its newline (an interrupted run's) is never read as
-    a record: it is cut off the file, so that appending starts on a fresh line. A complete line that is not a JSON
-    record with an `index` raises `ValueError` naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records, complete_bytes = [], 0
-    with path.open("rb") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.endswith(b"\n"):
-                logger.warning(f"{path}: ignoring the partial last line {number} left by an interrupted run.")
-                break
-            try:
-                record = json.loads(line)
-                int(record["index"])
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{number} is not a prompt record with an 'index': {error}") from error
-            records.append(record)
-            complete_bytes += len(line)
-    if complete_bytes != path.stat().st_size:
-        os.truncate(path, complete_bytes)
-    return records
-
-
 def _check_resume(path: str | os.PathLike, records: list[dict[str, Any]], settings: dict[str, Any]) -> None:
     """Raise `ValueError` if a record of `path` was written with other settings (`source`, `model`, ...)."""
     for record in records:
         for key, value in settings.items():
             if record.get(key) != value:
-                path = Path(path)
-                fresh = next(name for name in _numbered(path) if not name.exists())
                 raise ValueError(
                     f"{path} holds records written with another {key!r}: {record.get(key)!r:.80} there, "
                     f"{value!r:.80} in this run. Resuming would mix both in one file; write to a new --output "
-                    f"(e.g. {fresh}) or delete {path}."
+                    f"(e.g. {unused_sibling(path)}) or delete {path}."
                 )
-
-
-def _numbered(path: Path) -> Iterator[Path]:
-    """`out-2.jsonl`, `out-3.jsonl`, ... for `out.jsonl`."""
-    for n in itertools.count(2):
-        yield path.with_name(f"{path.stem}-{n}{path.suffix}")
 
 
 def _batch_seed(seed: int, batch: int) -> int:
@@ -358,7 +323,7 @@ def magpie_prompts(
     settings = dict(source="magpie", model=model.name_or_path, seed=seed, prefix=template.prefix)
     settings |= dict(temperature=temperature, top_p=top_p, top_k=top_k, min_tokens=min_tokens, max_tokens=max_tokens)
     settings |= dict(near_duplicate_threshold=near_duplicate_threshold, evaluation_sets=evaluation_index.datasets)
-    written = _written_records(output_path)
+    written = read_appended_records(output_path, "prompt record")
     _check_resume(output_path, written, settings)
     filters = PromptFilter(tokenizer, template, min_tokens, max_tokens, near_duplicate_threshold, evaluation_index)
     for record in written:

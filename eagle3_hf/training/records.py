@@ -125,6 +125,43 @@ def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
     logger.info(f"Read {count} records from {path}.")
 
 
+def read_appended_records(path: str | os.PathLike, kind: str) -> list[dict[str, Any]]:
+    """The records of a JSONL file that a resumable job (`regenerate`, `magpie`) appends to, one per line.
+
+    A last line without its newline is what an interrupted run leaves: it is never read as a record, and it is cut
+    off the file so that appending starts on a fresh line. A complete line that is not a JSON record with an integer
+    `index` raises `ValueError` naming the file, the line and `kind` (what the record should be). A missing file
+    holds no records.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records, complete_bytes = [], 0
+    with path.open("rb") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.endswith(b"\n"):
+                logger.warning(f"{path}: ignoring the partial last line {number} left by an interrupted run.")
+                break
+            try:
+                record = json.loads(line)
+                int(record["index"])
+            except (ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{number} is not a {kind} with an 'index': {error}") from error
+            records.append(record)
+            complete_bytes += len(line)
+    if complete_bytes != path.stat().st_size:
+        os.truncate(path, complete_bytes)
+    return records
+
+
+def unused_sibling(path: str | os.PathLike) -> Path:
+    """The first of `out-2.jsonl`, `out-3.jsonl`, ... next to `out.jsonl` that does not exist: where to write
+    instead of mixing two runs in one file."""
+    path = Path(path)
+    candidates = (path.with_name(f"{path.stem}-{n}{path.suffix}") for n in itertools.count(2))
+    return next(candidate for candidate in candidates if not candidate.exists())
+
+
 def iter_records(source, offset: int = 0, limit: int | None = None) -> Iterator[tuple[int, Any]]:
     """`(index, record)` pairs of `source[offset : offset + limit]`; `index` counts from the source's start.
 

@@ -13,13 +13,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
-from .records import first_user_turn, iter_records, normalize_messages
+from .records import first_user_turn, iter_records, normalize_messages, read_appended_records, unused_sibling
 
 
 logger = logging.getLogger(__name__)
@@ -89,35 +88,18 @@ def completed_indices(path: str | os.PathLike) -> set[int]:
 
 def _completed_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """`completed_indices`, each with the record's `model` and first user turn (what a resumed run must match)."""
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    done, complete_bytes = {}, 0
-    with path.open("rb") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.endswith(b"\n"):
-                logger.warning(f"{path}: ignoring the partial last line {number} left by an interrupted run.")
-                break
-            try:
-                record = json.loads(line)
-                index = int(record["index"])
-            except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{number} is not a regeneration record with an 'index': {error}") from error
-            done[index] = {"model": record.get("model"), "user": first_user_turn(record)}
-            complete_bytes += len(line)
-    if complete_bytes != path.stat().st_size:
-        os.truncate(path, complete_bytes)
-    return done
+    records = read_appended_records(path, "regeneration record")
+    return {
+        int(record["index"]): {"model": record.get("model"), "user": first_user_turn(record)} for record in records
+    }
 
 
 def _mixed_output_error(path: str | os.PathLike, field: str, written: Any, current: Any) -> ValueError:
     """The error for a resumed run whose model or data is not the one the output file was written with."""
-    path = Path(path)
-    candidates = (path.with_name(f"{path.stem}-{n}{path.suffix}") for n in itertools.count(2))
-    fresh = next(candidate for candidate in candidates if not candidate.exists())
     return ValueError(
         f"{path} holds conversations with another {field}: {written!r:.80} there, {current!r:.80} in this run. "
-        f"Resuming would mix both in one training file; write to a new --output (e.g. {fresh}) or delete {path}."
+        f"Resuming would mix both in one training file; write to a new --output (e.g. {unused_sibling(path)}) or "
+        f"delete {path}."
     )
 
 
