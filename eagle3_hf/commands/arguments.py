@@ -3,12 +3,14 @@
 `DataArguments` is read by `eagle3-hf train` and `eagle3-hf vocab` (through `HfArgumentParser`, which accepts
 `--data_offset` and `--data-offset` alike); `regenerate` names its data with the same `--data`, `--data-offset` and
 `--data-limit`. Every command names its target `--target` (a folder, a Hub id, a `.gguf` file or `smollm2`, see
-`eagle3_hf.loading`).
+`eagle3_hf.loading`). The commands that run the target's own batched `generate` (`regenerate`, `magpie`) share
+its device, dtype, cache and packing options (`add_batched_generation_arguments`, `load_target_for_batches`).
 """
 
 from dataclasses import dataclass, field, fields
 
 from ..loading import DEFAULT_TARGET
+from . import add_pack_weights_argument
 
 
 TARGET_HELP = f"Target model: a folder, a Hub id, a .gguf file, or '{DEFAULT_TARGET}' (the offline SmolLM2 GGUF)."
@@ -82,3 +84,41 @@ def training_splits(data_args: DataArguments, tokenizer, max_length: int, seed: 
 
 
 __all__ = ["TARGET_HELP", "DataArguments", "training_splits"]
+
+
+def add_batched_generation_arguments(parser) -> None:
+    """`--seed`, `--target-dtype`, `--device`, `--cache-implementation`, `--pack-weights` and `--no-progress`, for
+    a command that runs the target's batched `generate` with `--batch-size` rows."""
+    parser.add_argument("--seed", type=int, default=0, help="Random seed.")
+    parser.add_argument(
+        "--target-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="dtype of the target.",
+    )
+    parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
+    parser.add_argument(
+        "--cache-implementation",
+        default="auto",
+        help="KV cache for generate: 'auto' uses 'static' on CPU (no per-step concatenation; measured 1.3x faster "
+        "here at batch 32) and the model's default elsewhere; 'dynamic', 'static' or any cache name generate takes.",
+    )
+    add_pack_weights_argument(parser, "--batch-size rows, the row count of every decoding step")
+    parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+
+
+def load_target_for_batches(args, logger) -> tuple:
+    """The target and tokenizer of `args.target`, packed for `args.batch_size` rows as `--pack-weights` says, and the
+    `cache_implementation` to give `GenerationConfig` (`None`: the dynamic cache); logs what was chosen."""
+    from ..generation.cpu_packing import pack_for_decoding
+    from ..loading import load_target
+
+    model, tokenizer = load_target(args.target, dtype=args.target_dtype, device=args.device)
+    cache_implementation = args.cache_implementation
+    if cache_implementation == "auto":
+        cache_implementation = "static" if model.device.type == "cpu" else None
+    elif cache_implementation == "dynamic":
+        cache_implementation = None
+    packing = pack_for_decoding(model, None, [args.batch_size], [], args.pack_weights)
+    logger.info(f"{packing}; KV cache: {cache_implementation or 'dynamic'}")
+    return model, tokenizer, cache_implementation

@@ -4,8 +4,7 @@ import argparse
 import logging
 
 from ..loading import DEFAULT_TARGET
-from . import add_pack_weights_argument
-from .arguments import TARGET_HELP
+from .arguments import TARGET_HELP, add_batched_generation_arguments, load_target_for_batches
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -53,43 +52,21 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="Stop after this many batches in all (default: 10 x num-prompts / batch-size).",
     )
-    parser.add_argument("--seed", type=int, default=0, help="Random seed.")
-    parser.add_argument(
-        "--target-dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="dtype of the target.",
-    )
-    parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
-    parser.add_argument(
-        "--cache-implementation",
-        default="auto",
-        help="KV cache for generate: 'auto' uses 'static' on CPU and the model's default elsewhere; 'dynamic', "
-        "'static' or any cache name generate takes.",
-    )
-    add_pack_weights_argument(parser, "--batch-size rows, the row count of every decoding step")
-    parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+    add_batched_generation_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from eagle3_hf.generation.cpu_packing import pack_for_decoding
-    from eagle3_hf.loading import load_target
     from eagle3_hf.training.exclusion import EvaluationIndex
     from eagle3_hf.training.magpie import magpie_prompts
 
     # Before loading the target: a missing evaluation package fails at once, with its install command.
     evaluation_index = EvaluationIndex([]) if args.no_evaluation_filter else EvaluationIndex.from_benchmarks()
-    model, tokenizer = load_target(args.target, dtype=args.target_dtype, device=args.device)
-    cache_implementation = args.cache_implementation
-    if cache_implementation == "auto":
-        cache_implementation = "static" if model.device.type == "cpu" else None
-    elif cache_implementation == "dynamic":
-        cache_implementation = None
-    packing = pack_for_decoding(model, None, [args.batch_size], [], args.pack_weights)
-    logging.getLogger("eagle3_hf.training.magpie").info(f"{packing}; KV cache: {cache_implementation or 'dynamic'}")
+    model, tokenizer, cache_implementation = load_target_for_batches(
+        args, logging.getLogger("eagle3_hf.training.magpie")
+    )
     threshold = args.near_duplicate_threshold if args.near_duplicate_threshold <= 1 else None
     stats = magpie_prompts(
         model,

@@ -5,8 +5,7 @@ import logging
 from dataclasses import fields
 
 from ..loading import DEFAULT_TARGET
-from . import add_pack_weights_argument
-from .arguments import TARGET_HELP, DataArguments
+from .arguments import TARGET_HELP, DataArguments, add_batched_generation_arguments, load_target_for_batches
 
 
 # The data options mean what they mean for `train` and `vocab`: the same names, defaults and help.
@@ -41,38 +40,18 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (with --do-sample).")
     parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (with --do-sample).")
     parser.add_argument("--top-k", type=int, default=None, help="Top-k sampling (with --do-sample).")
-    parser.add_argument("--seed", type=int, default=0, help="Random seed.")
-    parser.add_argument(
-        "--target-dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="dtype of the target.",
-    )
-    parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
-    parser.add_argument(
-        "--cache-implementation",
-        default="auto",
-        help="KV cache for generate: 'auto' uses 'static' on CPU (no per-step concatenation; measured 1.3x faster "
-        "here at batch 32) and the model's default elsewhere; 'dynamic', 'static' or any cache name generate takes.",
-    )
-    add_pack_weights_argument(parser, "--batch-size rows, the row count of every decoding step")
-    parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+    add_batched_generation_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from eagle3_hf.generation.cpu_packing import pack_for_decoding
-    from eagle3_hf.loading import load_target
     from eagle3_hf.training.regenerate import make_generation_config, regenerate
 
-    model, tokenizer = load_target(args.target, dtype=args.target_dtype, device=args.device)
-    cache_implementation = args.cache_implementation
-    if cache_implementation == "auto":
-        cache_implementation = "static" if model.device.type == "cpu" else None
-    elif cache_implementation == "dynamic":
-        cache_implementation = None
+    model, tokenizer, cache_implementation = load_target_for_batches(
+        args, logging.getLogger("eagle3_hf.training.regenerate")
+    )
     generation_config = make_generation_config(
         model,
         tokenizer,
@@ -82,10 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         args.top_p,
         args.top_k,
         cache_implementation=cache_implementation,
-    )
-    packing = pack_for_decoding(model, None, [args.batch_size], [], args.pack_weights)
-    logging.getLogger("eagle3_hf.training.regenerate").info(
-        f"{packing}; KV cache: {cache_implementation or 'dynamic'}"
     )
     stats = regenerate(
         model,
