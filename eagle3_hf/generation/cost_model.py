@@ -15,9 +15,9 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   positions < j accepted)`, per tree shape, from the rounds themselves: a round that accepted `a` draft tokens
   reached positions `1 .. a + 1` and passed `1 .. a` (a position past the tree's depth passes only through a
   grafted prompt-lookup chain). The expected draft tokens of a depth `d` tree are `sum_j prod_{i <= j} alpha[i]`,
-  over its `d` positions and the lookup positions past them that rounds reached. A shape with few observations leans on the nearest measured shape
-  (a prior worth `prior_weight` rounds), and a position beyond that on the one before it, which is optimistic for
-  depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
+  over its `d` positions and the lookup positions past them that rounds reached. A shape with few observations
+  leans on the nearest measured shape (a prior worth `prior_weight` rounds), and a position beyond that on the one
+  before it, which is optimistic for depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
   estimate is within `explore_margin` of the best (a neighbour measured clearly worse costs nothing more).
 - **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps; the
   interval doubles (up to `max_probe_interval`) after each probe, and starts over after one that clearly beats

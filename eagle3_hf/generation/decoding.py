@@ -575,11 +575,11 @@ class _TreeDecoder:
                 self.phase_seconds[name].append(seconds)
             if self.planner is None:
                 continue
-            # The deferred update of earlier plain steps is theirs, not this tree's: charged to the tree, it grew with
-            # the plain streak before a probe and kept probes looking worse the longer plain steps had run.
             if shape.is_plain:
                 self.planner.record_plain(draft + verify + other)
             else:
+                # `draft` without `flush`: the deferred update of earlier plain steps is theirs, not this tree's.
+                # Charged to the tree, it grew with the plain streak and kept probes looking worse the longer it ran.
                 self.planner.record_tree(shape, accepted, int(tree_depth), verify, draft, update, other)
         self.unread = self.unread[len(ready) :]
 
