@@ -30,6 +30,20 @@ def run_round(planner: RoundPlanner, accepted_of_depth) -> TreeShape:
     return shape
 
 
+def play(planner: RoundPlanner, rounds: int, tree_round) -> list[TreeShape]:
+    """Play `rounds` rounds: plain steps of `PLAIN` seconds, and trees whose `(accepted, tree_depth, verify seconds,
+    draft seconds)` are `tree_round(shape, index)` (update 0.05 s, the rest 0.02 s). Returns the shapes chosen."""
+    shapes = []
+    for index in range(rounds):
+        shape = planner.choose()
+        if shape.is_plain:
+            planner.record_plain(PLAIN)
+        else:
+            planner.record_tree(shape, *tree_round(shape, index), 0.05, 0.02)
+        shapes.append(shape)
+    return shapes
+
+
 def test_the_first_rounds_price_the_start_shape_and_then_a_plain_step():
     planner = make_planner()
     assert run_round(planner, lambda depth: 0) == START
@@ -51,16 +65,12 @@ def test_probes_back_off_near_break_even():
     """Probes that accept a token or two but bring less than they cost on average (a round costs more than two
     plain steps) come less and less often, as probes that accept nothing do: a lucky probe that just beats a plain
     step is no reason to probe more often."""
-    planner = make_planner()
-    shapes = []
-    for index in range(300):
-        shape = planner.choose()
-        if shape.is_plain:
-            planner.record_plain(PLAIN)
-        else:
-            accepted = 2 if index % 3 == 0 else 1  # every third probe (3 tokens in 2.77 plain steps) beats plain
-            planner.record_tree(shape, accepted, shape.depth, 2.6 * PLAIN, 0.1, 0.05, 0.02)
-        shapes.append(shape)
+
+    def tree_round(shape, index):
+        accepted = 2 if index % 3 == 0 else 1  # every third probe (3 tokens in 2.77 plain steps) beats plain
+        return accepted, shape.depth, 2.6 * PLAIN, 0.1
+
+    shapes = play(make_planner(), 300, tree_round)
     probes = [index for index, shape in enumerate(shapes) if not shape.is_plain]
     assert probes[-1] - probes[-2] == 64 + 1
     assert len(probes) <= 14
@@ -71,16 +81,10 @@ def test_exploration_stops_trying_neighbours_measured_clearly_worse():
     within the margin it would be retried every `explore_every` rounds forever."""
 
     def off_best_rounds(margin: float) -> int:
-        planner = make_planner(explore_margin=margin)
-        shapes = []
-        for _ in range(200):
-            shape = planner.choose()
-            if shape.is_plain:
-                planner.record_plain(PLAIN)
-            else:
-                draft = 0.02 + 0.3 * (shape.depth - 1)
-                planner.record_tree(shape, min(shape.depth, 2), shape.depth, 1.4 * PLAIN, draft, 0.05, 0.02)
-            shapes.append(shape)
+        def tree_round(shape, index):
+            return min(shape.depth, 2), shape.depth, 1.4 * PLAIN, 0.02 + 0.3 * (shape.depth - 1)
+
+        shapes = play(make_planner(explore_margin=margin), 200, tree_round)
         assert max(set(shapes[-100:]), key=shapes[-100:].count) == TreeShape(8, 2)
         return sum(shape != TreeShape(8, 2) for shape in shapes[-100:])
 
@@ -143,13 +147,6 @@ def test_tokens_a_lookup_chain_accepts_past_the_tree_depth_count():
     """Rounds of a 3-deep tree accept 5 draft tokens through a grafted prompt-lookup chain 6 deep: counting only the
     tree's own 3 positions, a round costing 4.5 plain steps would lose against plain steps; with the chain it pays."""
     planner = make_planner()
-    shapes = []
-    for _ in range(60):
-        shape = planner.choose()
-        if shape.is_plain:
-            planner.record_plain(PLAIN)
-        else:
-            planner.record_tree(shape, min(5, shape.depth + 2), shape.depth + 3, 4.5 * PLAIN, 0.1, 0.05, 0.02)
-        shapes.append(shape)
+    shapes = play(planner, 60, lambda shape, index: (min(5, shape.depth + 2), shape.depth + 3, 4.5 * PLAIN, 0.1))
     assert planner.expected_draft_tokens(TreeShape(8, 3)) > 4.0
     assert not any(shape.is_plain for shape in shapes[-20:])
