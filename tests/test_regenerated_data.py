@@ -3,12 +3,12 @@ none of the benchmark's prompts among them."""
 
 import gzip
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from eagle3_hf.bench.prompts import SHAREGPT_HELDOUT_START, load_human_eval, load_mt_bench, load_sharegpt_heldout
+from eagle3_hf.training.exclusion import normalize_words
 from eagle3_hf.training.records import first_user_turn, iter_records, normalize_messages
 
 
@@ -17,8 +17,8 @@ TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def normalized(text: str) -> str:
-    """Lower case, whitespace collapsed: a prompt pasted again with other spacing or case still matches."""
-    return re.sub(r"\s+", " ", text).strip().lower()
+    """The words the exclusion check compares (`normalize_words`: case, spacing and punctuation do not count)."""
+    return " ".join(normalize_words(text))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,10 @@ def test_every_prompt_is_its_sharegpt_records_first_user_turn(records):
 
 
 def test_no_benchmark_prompt_is_in_the_training_data(records):
-    """MT-bench (both turns), HumanEval and the held-out ShareGPT prompts the benchmark draws from (its first 400)."""
+    """MT-bench (both turns), HumanEval and the held-out ShareGPT prompts the benchmark draws from (its first 400),
+    by the exclusion check's first rule (equal words). Its second rule, a shared 13-word run, flags two records here
+    (814 and 1089) that share a prompt tool's 'Ignore all previous instructions' boilerplate with held-out prompt
+    OsDgu05_0: boilerplate, not a leak, so this test checks equality only."""
     evaluation = {normalized(turn) for prompt in load_mt_bench(num_turns=2) for turn in prompt.turns}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_human_eval()}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_sharegpt_heldout(400)}
