@@ -44,6 +44,7 @@ def test_sharegpt_heldout_leaves_out_prompts_seen_before_it():
         chat("h1", "Explain RoPE."),
         chat("h2", "Explain RoPE."),
         chat("h3", "Sum 2+2."),
+        chat("h4", "WRITE a\n poem."),  # the same prompt as t1 but for case and whitespace
     ]
     prompts = load_sharegpt_heldout(start=2, source=training + heldout)
     assert [(p.prompt_id, p.turns) for p in prompts] == [("h1", ["Explain RoPE."]), ("h3", ["Sum 2+2."])]

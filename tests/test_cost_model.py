@@ -52,12 +52,15 @@ def test_the_first_rounds_price_the_start_shape_and_then_a_plain_step():
 
 def test_picks_plain_steps_when_nothing_is_accepted_and_probes_less_and_less():
     planner = make_planner()
-    shapes = [run_round(planner, lambda depth: 0) for _ in range(200)]
+    shapes = [run_round(planner, lambda depth: 0) for _ in range(400)]
     probes = [index for index, shape in enumerate(shapes) if not shape.is_plain and index > 0]
     assert shapes[1:5] == [PLAIN_STEP] * 4
     gaps = [later - earlier for earlier, later in zip(probes, probes[1:])]
-    assert gaps == sorted(gaps) and gaps[-1] == 64 + 1  # doubling up to max_probe_interval plain steps
-    assert len(probes) <= 8  # about 3% of the rounds go to probes
+    first, longest = planner.config.probe_interval, planner.config.max_probe_interval
+    # a probe after 4 plain steps, then after twice as many each time, up to the longest interval
+    assert gaps == [min(first * 2**step, longest) + 1 for step in range(1, len(gaps) + 1)]
+    assert gaps[-1] == longest + 1
+    assert len(probes) <= 8  # 2% of the rounds go to probes
     assert planner.rate(PLAIN_STEP) > planner.rate(planner._best_tree()[0])
 
 
@@ -70,9 +73,10 @@ def test_probes_back_off_near_break_even():
         accepted = 2 if index % 3 == 0 else 1  # every third probe (3 tokens in 2.77 plain steps) beats plain
         return accepted, shape.depth, 2.6 * PLAIN, 0.1
 
-    shapes = play(make_planner(), 300, tree_round)
+    planner = make_planner()
+    shapes = play(planner, 300, tree_round)
     probes = [index for index, shape in enumerate(shapes) if not shape.is_plain]
-    assert probes[-1] - probes[-2] == 64 + 1
+    assert probes[-1] - probes[-2] == planner.config.max_probe_interval + 1
     assert len(probes) <= 14
 
 

@@ -60,9 +60,8 @@ def tree_generate(target, draft, prompt, noise=0.3, **kwargs):
     draft.reset(target, prompt, noise=noise, seed=int(prompt.sum()))
     if "tree_planner" not in kwargs:
         kwargs.setdefault("tree_adaptive", False)
-    return target.generate(
-        prompt, assistant_model=draft, return_dict_in_generate=True, output_draft_trees=True, **kwargs
-    )
+    kwargs.setdefault("output_draft_trees", True)  # False: plain steps run without any tree (see _plain_choice)
+    return target.generate(prompt, assistant_model=draft, return_dict_in_generate=True, **kwargs)
 
 
 def later_sibling_used(tree, path) -> bool:
@@ -138,6 +137,25 @@ def test_greedy_stays_identical_while_the_shape_changes_between_rounds(name):
         ]
         assert trees_after_plain and min(trees_after_plain) >= 1  # noise 0: the oracle's drafts are right
         assert all(shape.total_tokens == 1 for shape in out.round_shapes if shape.is_plain)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3-sliding"])
+def test_plain_steps_without_returned_trees_give_plain_generates_tokens_and_scores(name):
+    """Without `output_draft_trees` a plain step builds no tree at all: its token, processed scores and raw logits
+    must still be plain generate's, with a sequence-dependent processor and a sliding window (prompts past 8)."""
+    config_class, overrides, attn = ARCHITECTURES[name]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    kwargs = dict(do_sample=False, max_new_tokens=30, repetition_penalty=1.3, output_scores=True, output_logits=True)
+    for seed, length in enumerate([5, 20]):
+        prompt = random_prompt(length, seed)
+        expected = original_generate(target, prompt, return_dict_in_generate=True, **kwargs)
+        planner = ScriptedPlanner(SHAPE_CYCLE)
+        out = tree_generate(target, draft, prompt, 0.3, tree_planner=planner, output_draft_trees=False, **kwargs)
+        assert torch.equal(out.sequences, expected.sequences), f"prompt {seed}"
+        assert out.draft_trees is None and sum(shape.is_plain for shape in out.round_shapes) >= 4
+        for ours, theirs in zip(out.scores + out.logits, expected.scores + expected.logits):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
 def test_the_adaptive_default_is_exact_and_reports_its_shapes_and_its_cost(llama_pair):
@@ -256,7 +274,21 @@ SAMPLING = {
         LogitsProcessorList(),
     ),
     # the adaptive planner, starting from the 6 / 2 / 3 tree: a tree, a plain step, then whatever its timings say
-    "temperature-1-adaptive": (dict(temperature=1.0, top_k=0, top_p=1.0, tree_adaptive=True), LogitsProcessorList()),
+    "temperature-1-adaptive": (
+        dict(temperature=1.0, top_k=0, top_p=1.0, tree_adaptive=True, output_draft_trees=False),
+        LogitsProcessorList(),
+    ),
+    # plain steps (drawn without any tree) and trees in turn, the cycle running on across calls
+    "temperature-1-plain-steps": (
+        dict(
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            output_draft_trees=False,
+            tree_planner=ScriptedPlanner([TreeShape(6, 2), PLAIN_STEP, PLAIN_STEP]),
+        ),
+        LogitsProcessorList(),
+    ),
 }
 NUM_SAMPLES = 500
 NUM_NEW = 4  # the first comes from the prefill; the next three from rounds that can accept two draft tokens

@@ -61,7 +61,8 @@ def load_sharegpt_heldout(
     """First user turn of the held-out ShareGPT records (index >= `start`), skipping conversations without one and
     prompts already seen: ShareGPT repeats prompts under other ids ("Hello!", "continue", pasted tasks), so about
     one in twelve held-out first turns is word for word the first turn of a record before `start`, which training
-    may have used. Those, and repeats within the slice, are left out (compared after stripping whitespace).
+    may have used. Those, and repeats within the slice, are left out (compared ignoring case and whitespace: the
+    slice's "COntinue" is the earlier records' "continue").
     `source`: the shipped ShareGPT file, or any source `eagle3_hf.training.records.iter_records` reads."""
     from ..training.records import read_sharegpt_heldout_records
 
@@ -69,21 +70,27 @@ def load_sharegpt_heldout(
     prompts = []
     for index, record in read_sharegpt_heldout_records(start, source=source):
         turn = record["first_user_turn"]
-        if turn.strip() in seen:
+        if _prompt_key(turn) in seen:
             continue
-        seen.add(turn.strip())
+        seen.add(_prompt_key(turn))
         prompts.append(EvalPrompt("sharegpt", str(record.get("id", index)), "sharegpt", [turn]))
         if limit is not None and len(prompts) >= limit:
             break
     return prompts
 
 
+def _prompt_key(turn: str) -> str:
+    """`turn` case-folded, its whitespace runs as single spaces: what makes two prompts the same one."""
+    return " ".join(turn.casefold().split())
+
+
 def _first_user_turns(stop: int, source="sharegpt") -> set[str]:
-    """The stripped first user turns of `source`'s records before index `stop` (malformed records are skipped)."""
+    """The `_prompt_key`s of the first user turns of `source`'s records before index `stop` (malformed records are
+    skipped)."""
     from ..training.records import first_user_turn, iter_records
 
     turns = (first_user_turn(record) for _, record in iter_records(source, limit=stop))
-    return {turn.strip() for turn in turns if turn is not None}
+    return {_prompt_key(turn) for turn in turns if turn is not None}
 
 
 DATASETS = {"mt_bench": load_mt_bench, "humaneval": load_human_eval, "sharegpt": load_sharegpt_heldout}

@@ -133,7 +133,10 @@ class PlannerConfig:
         prior_acceptance (`float`): the rate assumed at draft position 1 before any round ran.
         prior_weight (`float`): how many rounds the prior of a position is worth.
         probe_interval (`int`): plain steps before the first probe round once plain steps win.
-        max_probe_interval (`int`): the longest interval between probes.
+        max_probe_interval (`int`): the longest interval between probes. A probe with a head that does not pay costs
+            about one plain step more than it brings (a verification of a few nodes plus the deferred draft update),
+            so this bounds what such a head costs to under 1% of the time, while a useful passage is still found
+            within two short answers.
         probe_reset_ratio (`float`): a probe that yields this many times a plain step's tokens per second starts the
             probe interval over; any other doubles it. Above 1, so that near break-even (sampling with a middling
             head) the lucky probes do not keep it short: there every probe costs more than it brings.
@@ -148,7 +151,7 @@ class PlannerConfig:
     prior_acceptance: float = 0.5
     prior_weight: float = 2.0
     probe_interval: int = 4
-    max_probe_interval: int = 64
+    max_probe_interval: int = 128
     probe_reset_ratio: float = 1.5
     explore_every: int = 8
     explore_margin: float = 0.1

@@ -467,11 +467,7 @@ class _TreeDecoder:
             )
         self.position = int(position_ids[0, -1]) + 1 if position_ids is not None else length
         logits = outputs.logits[:, -1].float()
-        scores = self.processors(self.sequences, logits)
-        if self.config.do_sample:
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[0]
-        else:
-            token = scores.argmax(dim=-1)
+        _, scores, token = self._plain_choice(logits)
         stopped, _ = self._emit(token, scores, logits)
         if not stopped:
             features = gather_target_features(outputs.hidden_states, self.layer_ids, captured.get("hidden"))
@@ -497,28 +493,33 @@ class _TreeDecoder:
         if depth > 0:
             self._flush_pending()
         marks.append(self.clock.mark())
-        tree = self._draft_tree(depth, remaining, shape.total_tokens)
+        # A plain step builds no tree (a root-only one only when the trees are returned): its bookkeeping would cost
+        # about 2% of a small target's step, paid on every step of a head that does not pay.
+        tree = self._draft_tree(depth, remaining, shape.total_tokens) if depth > 0 or output_draft_trees else None
         marks.append(self.clock.mark())
         padding = self._padding(cache.get_seq_length())
-        if tree.num_nodes == 1:  # a plain step: the forward plain `generate` runs, without a tree mask
+        if tree is None or tree.num_nodes == 1:  # a plain step: the forward plain `generate` runs, no tree mask
             logits, features = self._plain_forward(cache, padding)
         else:
             logits, features = verify_tree(
                 self.model, tree, cache, self.position, self.layer_ids, padding, layer_kinds=self.layer_kinds
             )
         marks.append(self.clock.mark())
-        scores = process_tree_logits(self.processors, self.sequences, tree, logits)
-        if self.config.do_sample:
-            path, bonus = sample_accept(tree, torch.softmax(scores, dim=-1))
+        if tree is None:
+            path, scores, new_tokens = self._plain_choice(logits)
         else:
-            path, bonus = greedy_accept(tree, scores.argmax(dim=-1))
-        new_tokens = torch.cat([tree.tokens[path[1:]], bonus.reshape(1)])
+            scores = process_tree_logits(self.processors, self.sequences, tree, logits)
+            if self.config.do_sample:
+                path, bonus = sample_accept(tree, torch.softmax(scores, dim=-1))
+            else:
+                path, bonus = greedy_accept(tree, scores.argmax(dim=-1))
+            new_tokens = torch.cat([tree.tokens[path[1:]], bonus.reshape(1)])
         self.accepted.append(new_tokens.shape[0])
         if output_draft_trees:
             self.trees.append(tree.to("cpu"))
             self.paths.append(path.cpu())
         stopped, emitted = self._emit(new_tokens, scores[path], logits[path])
-        keep_tree_entries(cache, tree.num_nodes, path[:emitted])
+        keep_tree_entries(cache, path.shape[0] if tree is None else tree.num_nodes, path[:emitted])
         self.position += emitted
         marks.append(self.clock.mark())
         if not stopped:
@@ -528,7 +529,7 @@ class _TreeDecoder:
                 self.pending.append((new_tokens[None], features[path][None]))
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
-        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree.depths.max(), marks))
+        self.unread.append((self.shapes[-1], path.shape[0] - 1, 0 if tree is None else tree.depths.max(), marks))
         self._read_rounds(final=stopped)
         return stopped
 
@@ -553,6 +554,19 @@ class _TreeDecoder:
             )
         features = gather_target_features(outputs.hidden_states, self.layer_ids, captured.get("hidden"))
         return outputs.logits[0].float(), features[0]
+
+    def _plain_choice(self, logits: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor, torch.LongTensor]:
+        """The next token from the target's `logits (1, V)` after the last one, as a step of plain `generate` picks it.
+
+        Returns `(path, scores, tokens)` as a root-only tree's round would have them: the path `[0]` `(1,)`, the
+        processed scores `(1, V)` and the one new token `(1,)`.
+        """
+        scores = self.processors(self.sequences, logits)
+        if self.config.do_sample:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[0]
+        else:
+            token = scores.argmax(dim=-1)
+        return torch.zeros(1, dtype=torch.long, device=logits.device), scores, token
 
     def _flush_pending(self) -> None:
         """Encode the tokens of the plain steps since the last tree into the draft, in one forward."""
