@@ -109,6 +109,9 @@ class ScriptedPlanner:
     def record_plain(self, seconds):
         self.recorded.append((PLAIN_STEP, 0))
 
+    def record_deferred_update(self, seconds, tokens):
+        assert tokens == 0 or self.recorded[-1][0].is_plain  # only plain steps defer their draft update
+
     def record_tree(self, shape, accepted, tree_depth, *seconds):
         self.recorded.append((shape, accepted))
 

@@ -19,11 +19,15 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   leans on the nearest measured shape (a prior worth `prior_weight` rounds), and a position beyond that on the one
   before it, which is optimistic for depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
   estimate is within `explore_margin` of the best (a neighbour measured clearly worse costs nothing more).
-- **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps; the
-  interval doubles (up to `max_probe_interval`) after each probe, and starts over after one that clearly beats
-  plain steps (`probe_reset_ratio` times their tokens per second), so a head that does not pay costs a vanishing
-  share of the time, also near break-even, where a lucky probe is no evidence, while a head that becomes useful
-  again (an easy passage, a repeated span) is found within a few steps.
+- **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps. After each
+  probe the interval is what the probe budget allows: a probe is expected to lose `seconds * (1 - r)` against plain
+  steps, `r` being the best tree's estimated tokens per second over plain steps', so probing every
+  `seconds * (1 - r) / (probe_budget * plain seconds)` plain steps loses at most `probe_budget` of the time. It grows
+  at most twofold per probe (one unlucky round after a few is weak evidence) up to `max_probe_interval`. A head that
+  does not pay (`r` near 0.5) is thus probed every 100 steps or so, while near break-even, where the estimate is
+  uncertain and a wrong choice costs a few percent either way, probes come every few steps and keep it right.
+  The deferred draft update that plain steps cause (their tokens are encoded into the head when the next tree is
+  drafted) is charged to them, per token.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -132,14 +136,14 @@ class PlannerConfig:
         cost_window (`int`): observations each cost estimate looks back on.
         prior_acceptance (`float`): the rate assumed at draft position 1 before any round ran.
         prior_weight (`float`): how many rounds the prior of a position is worth.
-        probe_interval (`int`): plain steps before the first probe round once plain steps win.
+        probe_interval (`int`): plain steps before the first probe round once plain steps win, and the shortest
+            interval between probes.
         max_probe_interval (`int`): the longest interval between probes. A probe with a head that does not pay costs
             about one plain step more than it brings (a verification of a few nodes plus the deferred draft update),
             so this bounds what such a head costs to under 1% of the time, while a useful passage is still found
             within two short answers.
-        probe_reset_ratio (`float`): a probe that yields this many times a plain step's tokens per second starts the
-            probe interval over; any other doubles it. Above 1, so that near break-even (sampling with a middling
-            head) the lucky probes do not keep it short: there every probe costs more than it brings.
+        probe_budget (`float`): the share of the time that probes may lose against plain steps, by the current
+            estimates; it sets the interval between probes (see the module docstring).
         explore_every (`int`): every this many tree rounds, try the best shape one level deeper (or shallower, in
             turn).
         explore_margin (`float`): explore a neighbour only while its estimated rate is at least `1 - explore_margin`
@@ -152,7 +156,7 @@ class PlannerConfig:
     prior_weight: float = 2.0
     probe_interval: int = 4
     max_probe_interval: int = 128
-    probe_reset_ratio: float = 1.5
+    probe_budget: float = 0.01
     explore_every: int = 8
     explore_margin: float = 0.1
 
@@ -186,6 +190,7 @@ class RoundPlanner:
         self.verify_seconds: dict[int, _Seconds] = {}
         self.root_seconds, self.level_seconds = _Seconds(window), _Seconds(window)
         self.update_seconds, self.other_seconds = _Seconds(window), _Seconds(window)
+        self.deferred_seconds = _Seconds(window)  # per token, of the draft update that plain steps defer
         self.acceptance: dict[TreeShape, _Acceptance] = {}
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
@@ -195,6 +200,11 @@ class RoundPlanner:
         """A plain step took `seconds` (its draft update excluded)."""
         self.plain_seconds.add(seconds)
         self.plain_streak += 1
+
+    def record_deferred_update(self, seconds: float, tokens: int) -> None:
+        """Encoding the `tokens` of earlier plain steps into the draft took `seconds` (before a tree round)."""
+        if tokens:
+            self.deferred_seconds.add(seconds / tokens)
 
     def record_tree(
         self,
@@ -219,15 +229,22 @@ class RoundPlanner:
         self.update_seconds.add(update_seconds)
         self.other_seconds.add(other_seconds)
         self.acceptance.setdefault(shape, _Acceptance()).add(accepted, tree_depth, self.config.decay)
-        if self.plain_streak:  # a probe: while probes lose against plain steps they come less and less often
-            plain = self.plain_seconds.value
-            seconds = verify_seconds + draft_seconds + update_seconds + other_seconds
-            won = plain is not None and (accepted + 1) * plain >= self.config.probe_reset_ratio * seconds
-            self.probe_interval = (
-                self.config.probe_interval if won else min(2 * self.probe_interval, self.config.max_probe_interval)
-            )
+        if self.plain_streak:  # a probe
+            self.probe_interval = self._budgeted_probe_interval()
         self.plain_streak = 0
         self.tree_rounds += 1
+
+    def _budgeted_probe_interval(self) -> int:
+        """Plain steps until the next probe: as many as make the expected loss of a probe against plain steps
+        `probe_budget` of the time, at most twice the last interval, within `[probe_interval, max_probe_interval]`."""
+        config = self.config
+        best, best_rate = self._best_tree()
+        plain_rate, plain_seconds = self.plain_rate(), self.round_seconds(PLAIN_STEP)
+        if math.isnan(best_rate) or math.isnan(plain_rate) or best_rate >= plain_rate:
+            return config.probe_interval
+        loss = self.round_seconds(best) * (1 - best_rate / plain_rate)
+        budgeted = math.ceil(loss / (config.probe_budget * plain_seconds))
+        return max(config.probe_interval, min(budgeted, 2 * self.probe_interval, config.max_probe_interval))
 
     # ------------------------------------------------------------------------------------------------ estimates
     def expected_draft_tokens(self, shape: TreeShape) -> float:
@@ -238,7 +255,9 @@ class RoundPlanner:
         pays (code: a third of HumanEval's accepted tokens lie past depth 3)."""
         if shape.is_plain:
             return 0.0
-        reference = self._nearest_measured(shape)
+        # the prior is the nearest other shape measured: one unlucky round of a shape tried once (the first, or an
+        # exploration) must not condemn it for good while its neighbour is known to accept
+        reference = self._nearest_measured(shape, other=True) or self._nearest_measured(shape)
         prior = self.config.prior_acceptance
         if reference is not None and reference != shape:
             prior = self.acceptance[reference].rates(reference.depth, prior, self.config.prior_weight)
@@ -252,22 +271,26 @@ class RoundPlanner:
             expected += reach
         return expected
 
-    def _nearest_measured(self, shape: TreeShape) -> TreeShape | None:
-        """The measured shape closest to `shape`: the same node count and the nearest depth first, else the most
-        nodes at or below `shape`'s (more nodes never accept less), else any."""
-        measured = [other for other, counts in self.acceptance.items() if counts.weight > 0]
+    def _nearest_measured(self, shape: TreeShape, other: bool = False) -> TreeShape | None:
+        """The measured shape closest to `shape` (another one when `other`): the same node count and the nearest
+        depth first, else the most nodes at or below `shape`'s (more nodes never accept less), else any."""
+        measured = [
+            candidate
+            for candidate, counts in self.acceptance.items()
+            if counts.weight > 0 and not (other and candidate == shape)
+        ]
         if not measured:
             return None
-        same = [other for other in measured if other.total_tokens == shape.total_tokens]
-        below = [other for other in measured if other.total_tokens <= shape.total_tokens]
+        same = [candidate for candidate in measured if candidate.total_tokens == shape.total_tokens]
+        below = [candidate for candidate in measured if candidate.total_tokens <= shape.total_tokens]
         pool = same or below or measured
-        return min(pool, key=lambda other: (abs(other.depth - shape.depth), -other.total_tokens, other.depth))
+        return min(pool, key=lambda near: (abs(near.depth - shape.depth), -near.total_tokens, near.depth))
 
     def round_seconds(self, shape: TreeShape) -> float | None:
         """Estimated seconds of a round of `shape`, `None` while nothing is known yet."""
         plain = self.plain_seconds.value
         if shape.is_plain:
-            return plain
+            return None if plain is None else plain + (self.deferred_seconds.value or 0.0)
         verify = self._verify_estimate(shape.total_tokens)
         if verify is None:
             return None

@@ -258,7 +258,7 @@ def eagle3_generate(
             (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
             place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
         tree_planner ([`RoundPlanner`], *optional*): the planner to ask for each round's shape (anything with its
-            `choose`, `record_plain` and `record_tree` methods); implies `tree_adaptive`. By default each head and
+            `choose`, `record_plain`, `record_deferred_update` and `record_tree` methods); implies `tree_adaptive`. By default each head and
             target keep one planner per shape space and temperature, so what it measured carries over to later
             calls.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
@@ -490,8 +490,7 @@ class _TreeDecoder:
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = 0 if shape.is_plain else max(0, min(shape.depth, remaining - 1))  # deeper could never be emitted
         marks = [self.clock.mark()]
-        if depth > 0:
-            self._flush_pending()
+        flushed = self._flush_pending() if depth > 0 else 0
         marks.append(self.clock.mark())
         # A plain step builds no tree (a root-only one only when the trees are returned): its bookkeeping would cost
         # about 2% of a small target's step, paid on every step of a head that does not pay.
@@ -529,7 +528,8 @@ class _TreeDecoder:
                 self.pending.append((new_tokens[None], features[path][None]))
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
-        self.unread.append((self.shapes[-1], path.shape[0] - 1, 0 if tree is None else tree.depths.max(), marks))
+        tree_depth = 0 if tree is None else tree.depths.max()
+        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks))
         self._read_rounds(final=stopped)
         return stopped
 
@@ -568,12 +568,16 @@ class _TreeDecoder:
             token = scores.argmax(dim=-1)
         return torch.zeros(1, dtype=torch.long, device=logits.device), scores, token
 
-    def _flush_pending(self) -> None:
-        """Encode the tokens of the plain steps since the last tree into the draft, in one forward."""
-        if self.pending:
-            tokens, features = zip(*self.pending)
-            self.drafter.extend(torch.cat(tokens, dim=1), torch.cat(features, dim=1))
-            self.pending.clear()
+    def _flush_pending(self) -> int:
+        """Encode the tokens of the plain steps since the last tree into the draft, in one forward; returns how
+        many there were."""
+        if not self.pending:
+            return 0
+        tokens, features = zip(*self.pending)
+        tokens = torch.cat(tokens, dim=1)
+        self.drafter.extend(tokens, torch.cat(features, dim=1))
+        self.pending.clear()
+        return tokens.shape[1]
 
     def _read_rounds(self, final: bool) -> None:
         """Turn the phase marks of finished rounds into seconds, and tell the planner what each cost and accepted.
@@ -582,7 +586,7 @@ class _TreeDecoder:
         and reading them now would wait for it), or at the end; its planner record is one round late.
         """
         ready = self.unread if final or not self.clock.asynchronous else self.unread[:-1]
-        for shape, accepted, tree_depth, marks in ready:
+        for shape, accepted, tree_depth, flushed, marks in ready:
             flush, draft, verify, other, update = self.clock.seconds(marks)
             phases = (("draft", flush + draft), ("verify", verify), ("update", update), ("other", other))
             for name, seconds in phases:
@@ -594,6 +598,7 @@ class _TreeDecoder:
             else:
                 # `draft` without `flush`: the deferred update of earlier plain steps is theirs, not this tree's.
                 # Charged to the tree, it grew with the plain streak and kept probes looking worse the longer it ran.
+                self.planner.record_deferred_update(flush, flushed)
                 self.planner.record_tree(shape, accepted, int(tree_depth), verify, draft, update, other)
         self.unread = self.unread[len(ready) :]
 
