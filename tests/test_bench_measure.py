@@ -29,15 +29,15 @@ def test_prompt_lookup_rounds_keep_the_tokens_of_its_first_forward(tiny_target):
     assert tokens_per_round([0], 40, prompt_length=36) == [3]
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
     for method in ("prompt_lookup", "plain"):
-        new_ids, _, rounds = timed_generate(tiny_target, ids, method, 0.0, 12)
+        new_ids, _, rounds, _ = timed_generate(tiny_target, ids, method, 0.0, 12)
         assert sum(rounds) == len(new_ids) - 1
 
 
 def test_plain_generate_has_one_token_per_round(tiny_target):
     ids = torch.tensor([[1, 2, 3]])
-    new_ids, seconds, rounds = timed_generate(tiny_target, ids, "plain", 0.0, 6)
+    new_ids, seconds, rounds, shapes = timed_generate(tiny_target, ids, "plain", 0.0, 6)
     assert len(new_ids) == 6 and seconds > 0
-    assert rounds == [1] * 5  # the first new token comes from the prefill
+    assert rounds == [1] * 5 and shapes is None  # the first new token comes from the prefill
 
 
 def test_record_rounds_removes_its_hook(tiny_target):
@@ -83,7 +83,7 @@ def test_greedy_mismatches_are_unknown_where_no_output_is_compared():
     ]
     rows = summarize(records)["rows"]
     assert [r["greedy_mismatches"] for r in rows] == [None, None]
-    assert "| humaneval | 1 | tree | 1.00 | 10.0 | 1.00x | - | 1 |" in markdown_table({"rows": rows})
+    assert "| humaneval | 1 | tree | 1.00 | 10.0 | 1.00x | - | - | 1 |" in markdown_table({"rows": rows})
 
 
 def test_bench_command_records_the_arguments_of_both_entry_points(monkeypatch):
@@ -108,7 +108,7 @@ def test_summary_speedup_tau_and_categories(tmp_path):
     assert ("mt_bench/writing", "tree") in rows
     summary = summarize(records)
     text = markdown_table(summary, "test machine", "eagle3-hf bench")
-    assert "| mt_bench | 0 | tree | 3.00 | 10.0 | 2.00x | 1 | 2 |" in text
+    assert "| mt_bench | 0 | tree | 3.00 | 10.0 | 2.00x | - | 1 | 2 |" in text
     paths = write_report(summary, tmp_path, "m", "c")
     assert {p.name for p in paths} == {
         "results.json",
@@ -148,6 +148,22 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
     rows = summarize(records)["rows"]
     assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup", "adaptive"}
     assert any(r["dataset"] == "mt_bench/writing" for r in rows)
+    for record in records:  # the head's rounds record their shapes, one per round; other methods have none
+        if record.method in ("tree", "tree_lookup", "adaptive"):
+            assert len(record.round_shapes) == len(record.tokens_per_round)
+        if record.method in ("tree", "tree_lookup"):  # a fixed shape drafts in every round but a last 1-token one
+            assert all(depth > 0 for _, depth in record.round_shapes[:-1])
+        if record.method in ("plain", "prompt_lookup"):
+            assert record.round_shapes is None
+
+
+def test_the_share_of_tree_rounds_counts_the_adaptive_defaults_plain_steps():
+    adaptive = _record("adaptive", 10, 1.0, [3, 1, 1, 3])
+    adaptive.round_shapes = [(8, 3), (1, 0), (1, 0), (6, 2)]
+    summary = summarize([_record("plain", 10, 2.0, [1] * 9), adaptive])
+    rows = {r["method"]: r for r in summary["rows"] if r["dataset"] == "mt_bench"}
+    assert rows["adaptive"]["tree_round_share"] == 0.5 and rows["plain"]["tree_round_share"] is None
+    assert "| mt_bench | 0 | adaptive | 2.00 | 10.0 | 2.00x | 50% | 0 | 1 |" in markdown_table(summary)
 
 
 def test_tree_methods_with_and_without_prompt_lookup_branches():

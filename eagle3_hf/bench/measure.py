@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -41,6 +42,18 @@ class GenerationRecord:
     seconds: float
     tokens_per_round: list[int] = field(default_factory=list)
     matches_plain: bool | None = None
+    # `(total_tokens, depth)` of each EAGLE-3 round, depth 0 a plain step (`None` for methods without the head's
+    # rounds): which shapes the adaptive default chose, and how often it drafted at all
+    round_shapes: list[tuple[int, int]] | None = None
+
+
+class TimedGeneration(NamedTuple):
+    """One generation measured by `timed_generate`."""
+
+    new_ids: torch.Tensor  # (new_tokens,)
+    seconds: float
+    tokens_per_round: list[int]  # accepted + 1 per round after the prefill
+    round_shapes: list[tuple[int, int]] | None  # `GenerationRecord.round_shapes`
 
 
 @contextmanager
@@ -168,8 +181,8 @@ def timed_generate(
     draft=None,
     tree_kwargs: dict | None = None,
     seed: int = 0,
-):
-    """Run one generation; returns `(new_token_ids, seconds, tokens_per_round)`."""
+) -> TimedGeneration:
+    """Run one generation and measure it (see [`TimedGeneration`])."""
     sampling = (
         {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         if temperature > 0
@@ -177,6 +190,8 @@ def timed_generate(
     )
     kwargs = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids), **sampling)
     kwargs.update(method_kwargs(method, draft, tree_kwargs))
+    if "assistant_model" in kwargs:  # the head's output records each round's shape; plain `generate` is left as is
+        kwargs["return_dict_in_generate"] = True
     torch.manual_seed(seed)
     _synchronize(input_ids.device)
     with record_rounds(target) as lengths:
@@ -186,7 +201,9 @@ def timed_generate(
         seconds = time.perf_counter() - start
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
     rounds = tokens_per_round(lengths, sequences.shape[1], input_ids.shape[1])
-    return sequences[0, input_ids.shape[1] :], seconds, rounds
+    shapes = getattr(output, "round_shapes", None)
+    shapes = None if shapes is None else [(shape.total_tokens, shape.depth) for shape in shapes]
+    return TimedGeneration(sequences[0, input_ids.shape[1] :], seconds, rounds, shapes)
 
 
 def encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
@@ -239,10 +256,10 @@ def run_benchmark(
                 for method in order:
                     history = histories[method] + [{"role": "user", "content": question}]
                     input_ids = encode_chat(tokenizer, history, device)
-                    new_ids, seconds, rounds = timed_generate(
+                    measured = timed_generate(
                         target, input_ids, method, temperature, max_new_tokens, draft, tree_kwargs, seed + index
                     )
-                    outputs[method] = new_ids
+                    new_ids = outputs[method] = measured.new_ids
                     answer = tokenizer.decode(new_ids, skip_special_tokens=True)
                     histories[method] = history + [{"role": "assistant", "content": answer}]
                     records.append(
@@ -255,8 +272,9 @@ def run_benchmark(
                             temperature,
                             input_ids.shape[1],
                             len(new_ids),
-                            seconds,
-                            rounds,
+                            measured.seconds,
+                            measured.tokens_per_round,
+                            round_shapes=measured.round_shapes,
                         )
                     )
                 if temperature == 0:
@@ -336,6 +354,7 @@ def _aggregate(
     if max_new_tokens is not None:
         draftable = [limit for r in group for limit in round_draft_limits(r, max_new_tokens)]
     checked = [r.matches_plain for r in group if r.matches_plain is not None]
+    shapes = [shape for r in group if r.round_shapes is not None for shape in r.round_shapes]
     return {
         "generations": len(group),
         "new_tokens": new_tokens,
@@ -345,6 +364,8 @@ def _aggregate(
         "rounds": len(rounds),
         "acceptance_by_position": acceptance_by_position(rounds, max_positions, draftable) if rounds else [],
         "greedy_mismatches": checked.count(False) if checked else None,  # None: no output compared (T > 0)
+        # the share of the head's rounds that verified a draft (the rest: the adaptive default's plain steps)
+        "tree_round_share": sum(depth > 0 for _, depth in shapes) / len(shapes) if shapes else None,
     }
 
 

@@ -10,16 +10,22 @@ def _fmt(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _share(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
-    """Markdown tables: per dataset (tau, tokens/s, speedup, greedy mismatches, "-" where no output was compared
-    with plain `generate`), then per MT-bench category."""
-    header = "| dataset | T | method | tau | tokens/s | speedup | greedy mismatches | generations |\n"
-    header += "|---|---|---|---|---|---|---|---|\n"
+    """Markdown tables: per dataset (tau, tokens/s, speedup, the share of the head's rounds that drafted a tree,
+    greedy mismatches; "-" where the method has no such rounds or no output was compared with plain `generate`),
+    then per MT-bench category."""
+    header = "| dataset | T | method | tau | tokens/s | speedup | tree rounds | greedy mismatches | generations |\n"
+    header += "|---|---|---|---|---|---|---|---|---|\n"
     main, categories = header, header
     for row in summary["rows"]:
         line = (
             f"| {row['dataset']} | {row['temperature']:g} | {row['method']} | {_fmt(row['tau'])} | "
-            f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {_fmt(row['greedy_mismatches'], 0)} | "
+            f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {_share(row.get('tree_round_share'))} | "
+            f"{_fmt(row['greedy_mismatches'], 0)} | "
             f"{row['generations']} |\n"
         )
         if "/" in row["dataset"]:

@@ -46,6 +46,15 @@ class DataArguments:
         },
     )
     num_proc: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    evaluation_overlap: str = field(
+        default="drop",
+        metadata={
+            "help": "Records whose user turns overlap the benchmark's evaluation prompts (MT-bench, HumanEval, the "
+            "held-out ShareGPT slice; the rule of `eagle3-hf check-data`) are left out ('drop', with a warning), "
+            "only reported ('warn'), refused ('error') or not checked ('off').",
+            "choices": ["drop", "warn", "error", "off"],
+        },
+    )
 
     def command_line(self) -> list[str]:
         """These options as flags, the ones left at their defaults omitted (to print a command that repeats them)."""
@@ -61,7 +70,11 @@ def training_splits(data_args: DataArguments, tokenizer, max_length: int, seed: 
     """`(train, evaluation)`: the tokenized data, with `eval_samples` rows held out at random with `seed`
     (`evaluation` is `None` without them). `train` and `vocab` call this, so both count the same rows."""
     from ..training.data import DataStats, build_training_dataset
+    from ..training.exclusion import screen_training_records
 
+    exclude = screen_training_records(
+        data_args.data, data_args.evaluation_overlap, data_args.data_offset, data_args.data_limit
+    )
     dataset = build_training_dataset(
         data_args.data,
         tokenizer,
@@ -72,6 +85,7 @@ def training_splits(data_args: DataArguments, tokenizer, max_length: int, seed: 
         limit=data_args.data_limit,
         system_prompt=data_args.system_prompt,
         plain_text_loss=data_args.plain_text_loss,
+        exclude=exclude,
     )
     stats = DataStats.from_dataset(dataset)
     if not data_args.eval_samples:

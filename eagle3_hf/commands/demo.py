@@ -82,16 +82,14 @@ def main(argv: list[str] | None = None) -> int:
             print(tokenizer.decode(output.sequences[0, input_ids.shape[1] :], skip_special_tokens=True))
         print(f"[chosen: {describe_shapes(output.round_shapes)}]")
         for method in ("plain", "adaptive"):
-            new_ids, seconds, per_round = timed_generate(
-                target, input_ids, method, 0.0, args.max_new_tokens, draft, kwargs
-            )
-            total[method][0] += len(new_ids)
-            total[method][1] += seconds
+            measured = timed_generate(target, input_ids, method, 0.0, args.max_new_tokens, draft, kwargs)
+            total[method][0] += len(measured.new_ids)
+            total[method][1] += measured.seconds
             if method == "adaptive":
-                rounds += per_round
-                tree_ids = new_ids
+                rounds += measured.tokens_per_round
+                tree_ids = measured.new_ids
             else:
-                plain_ids = new_ids
+                plain_ids = measured.new_ids
         if not (len(tree_ids) == len(plain_ids) and bool((tree_ids == plain_ids).all())):
             print("ERROR: the EAGLE-3 output differs from plain generate")
             return 1

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,8 @@ class DataStats:
 
     `read`: records read from the source (after `offset`/`limit`). `empty`: conversations with no user turn followed
     by an assistant turn once cleaned. `invalid`: malformed records (unknown role, non-string content) or chat
-    template errors. `dropped`: overlong samples with `overflow="drop"`, or truncated ones left with no assistant
+    template errors. `excluded`: records left out as asked (`exclude`: those that overlap the benchmark's evaluation
+    prompts, see `eagle3_hf.training.exclusion.screen_training_records`). `dropped`: overlong samples with `overflow="drop"`, or truncated ones left with no assistant
     token. `truncated`: kept samples cut to `max_length`. `kept`: rows of the dataset. `approximate`: kept rows whose
     template renders earlier turns differently from a conversation's end, so an assistant span was found by search
     (see docs). `loss_tokens`/`tokens`: masked and total tokens kept. `fingerprint`: the dataset's fingerprint.
@@ -51,6 +53,7 @@ class DataStats:
     dropped: int = 0
     empty: int = 0
     invalid: int = 0
+    excluded: int = 0
     approximate: int = 0
     tokens: int = 0
     loss_tokens: int = 0
@@ -264,13 +267,17 @@ def _tokenize_batch(batch, tokenizer, max_length: int, overflow: str, plain_text
 
 
 def _read_conversations(
-    source, offset: int, limit: int | None, system_prompt: str | None, stats: DataStats, digest
+    source, offset: int, limit: int | None, system_prompt: str | None, stats: DataStats, digest, exclude: set[int]
 ) -> tuple[list[list[dict[str, str]]], list[int]]:
-    """The cleaned conversations of `source[offset:offset + limit]` and their record indices; counts what was read,
-    malformed or empty into `stats` and hashes the conversations into `digest`."""
+    """The cleaned conversations of `source[offset:offset + limit]` but the records `exclude` names, and their record
+    indices; counts what was read, excluded, malformed or empty into `stats` and hashes the conversations into
+    `digest`."""
     conversations, indices, first_invalid = [], [], None
     for index, record in iter_records(source, offset, limit):
         stats.read += 1
+        if index in exclude:
+            stats.excluded += 1
+            continue
         try:
             messages = training_messages(record, system_prompt)
         except ValueError as error:
@@ -324,6 +331,7 @@ def build_training_dataset(
     limit: int | None = None,
     system_prompt: str | None = None,
     plain_text_loss: str = "all",
+    exclude: Iterable[int] = (),
 ) -> "Dataset":
     """Build the EAGLE-3 training set: a `datasets.Dataset` with `input_ids` and `loss_mask` (`list[int]` each).
 
@@ -342,6 +350,8 @@ def build_training_dataset(
         system_prompt (`str`, *optional*): system message prepended to conversations that have none.
         plain_text_loss (`str`, defaults to `"all"`): for a tokenizer without chat template, `"all"` or
             `"assistant"` (see `render_plain_text`).
+        exclude (`Iterable[int]`, *optional*): record indices (counted from the source's start) to leave out, e.g.
+            those `screen_training_records` finds overlapping the evaluation prompts.
 
     Returns:
         The dataset; its `DataStats` (counts of records read, kept, truncated, dropped, empty, invalid) are logged
@@ -355,7 +365,7 @@ def build_training_dataset(
     if max_length < 2:
         raise ValueError(f"max_length={max_length} must be at least 2.")
     stats, digest = DataStats(), hashlib.sha256()
-    conversations, indices = _read_conversations(source, offset, limit, system_prompt, stats, digest)
+    conversations, indices = _read_conversations(source, offset, limit, system_prompt, stats, digest, set(exclude))
     if tokenizer.chat_template is None:  # the loss mask then depends on a choice the user may not know exists
         _warn_plain_text_loss(plain_text_loss)
     settings = [_FORMAT_VERSION, tokenizer_fingerprint(tokenizer), max_length, overflow, plain_text_loss]

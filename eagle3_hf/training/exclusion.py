@@ -19,6 +19,7 @@ prompt shares with training turns (prompt-tool boilerplate such as "Please ignor
 you to respond only in language English"): `OverlapReport.by_prompt` shows which prompts the hits come from.
 """
 
+import functools
 import logging
 import re
 import unicodedata
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # The benchmark's evaluation sets, as `eagle3_hf.bench.prompts.DATASETS` names them.
 EVALUATION_SETS = ("mt_bench", "humaneval", "sharegpt")
+# What training does with records that overlap them (`DataArguments.evaluation_overlap`, `screen_training_records`).
+OVERLAP_POLICIES = ("drop", "warn", "error", "off")
 NGRAM = 13
 MIN_WORDS = 8
 _WORD = re.compile(r"[^\W_]+")  # letters and digits
@@ -205,3 +208,62 @@ def find_evaluation_overlap(
     {'mt_bench': [0]}
     """
     return check_evaluation_overlap(source, index, offset, limit).overlaps
+
+
+# ------------------------------------------------------------------------------------------------ for training
+@functools.cache
+def _benchmark_index() -> EvaluationIndex:
+    """`EvaluationIndex.from_benchmarks()`, built once per process (reading the held-out ShareGPT slice takes
+    about 1.5 s, and `train` and `vocab` screen the same data)."""
+    return EvaluationIndex.from_benchmarks()
+
+
+def screen_training_records(
+    source, policy: str = "drop", offset: int = 0, limit: int | None = None, index: EvaluationIndex | None = None
+) -> list[int]:
+    """The records of `source[offset : offset + limit]` to leave out of training because they overlap the
+    benchmark's evaluation prompts, by `policy`:
+
+    - `"drop"`: the overlapping records' indices (for `build_training_dataset(exclude=...)`), with a warning naming
+      how many there are and the prompts hit most;
+    - `"warn"`: the same warning, and `[]` (train on everything);
+    - `"error"`: `ValueError` naming the first overlapping records, when there are any;
+    - `"off"`: no check, `[]`.
+
+    Without the evaluation packages installed nothing can be checked: `"drop"` and `"warn"` say so in a warning,
+    `"error"` raises the `FileNotFoundError` naming the install command.
+
+    Args:
+        source, offset, limit: the training data, as `build_training_dataset` reads it.
+        policy (`str`, *optional*, defaults to `"drop"`): one of `OVERLAP_POLICIES`.
+        index (`EvaluationIndex`, *optional*): the prompts to keep out; defaults to the benchmark's.
+    """
+    if policy not in OVERLAP_POLICIES:
+        raise ValueError(f"evaluation_overlap={policy!r}; expected one of {OVERLAP_POLICIES}.")
+    if policy == "off":
+        return []
+    if index is None:
+        try:
+            index = _benchmark_index()
+        except FileNotFoundError as error:
+            if policy == "error":
+                raise
+            logger.warning(f"Training data not checked against the evaluation prompts: {error}")
+            return []
+    report = check_evaluation_overlap(source, index, offset, limit)
+    offending = report.offending
+    if not offending:
+        return []
+    hits = ", ".join(f"{dataset} {prompt_id} ({count})" for dataset, prompt_id, count in report.by_prompt()[:5])
+    found = (
+        f"{len(offending)} of the {report.checked} training records of {source!r:.100} overlap the benchmark's "
+        f"evaluation prompts (records {offending[:10]}{' ...' if len(offending) > 10 else ''}; prompts hit most, "
+        f"with their record counts: {hits}; `eagle3-hf check-data` lists them)"
+    )
+    if policy == "error":
+        raise ValueError(f"{found}. Leave them out with evaluation_overlap='drop'.")
+    if policy == "warn":
+        logger.warning(f"{found}; training on them anyway (evaluation_overlap='warn').")
+        return []
+    logger.warning(f"{found}; they are left out (evaluation_overlap='drop').")
+    return offending
