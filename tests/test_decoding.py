@@ -161,6 +161,35 @@ def test_plain_steps_without_returned_trees_give_plain_generates_tokens_and_scor
             torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
+def test_a_generation_kept_plain_never_runs_the_draft_and_a_later_tree_reads_the_whole_prompt():
+    """The prompt's encoding into the draft waits for the first tree, with the plain steps' tokens: a generation of
+    plain steps only costs what plain `generate` costs; a tree after plain steps drafts right again (the oracle at
+    noise 0 is accepted); and a padded prompt encoded late drafts the very trees it drafts encoded at once."""
+    config_class, overrides, attn = ARCHITECTURES["llama"]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    calls = []
+    draft.register_forward_pre_hook(lambda module, args: calls.append(1))
+    prompt = random_prompt(12, 3)
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=20)
+    plain_only = ScriptedPlanner([PLAIN_STEP])
+    out = tree_generate(target, draft, prompt, 0.0, do_sample=False, max_new_tokens=20, tree_planner=plain_only)
+    assert torch.equal(out.sequences, expected) and calls == []
+    planner = ScriptedPlanner([PLAIN_STEP] * 5 + [TreeShape(6, 3)])
+    out = tree_generate(target, draft, prompt, 0.0, do_sample=False, max_new_tokens=20, tree_planner=planner)
+    assert torch.equal(out.sequences, expected) and calls
+    assert [accepted for shape, accepted in planner.recorded if not shape.is_plain][0] >= 1
+
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt], dim=1)
+    kwargs = dict(attention_mask=(padded != 0).long(), do_sample=False, max_new_tokens=20, tree_lookup_tokens=0)
+    at_once = tree_generate(target, draft, padded, 0.3, tree_total_tokens=6, tree_depth=3, **kwargs)
+    late = tree_generate(target, draft, padded, 0.3, tree_planner=ScriptedPlanner([TreeShape(6, 3)]), **kwargs)
+    assert torch.equal(late.sequences, at_once.sequences)
+    assert len(late.draft_trees) == len(at_once.draft_trees)
+    for ours, theirs in zip(late.draft_trees, at_once.draft_trees):
+        assert torch.equal(ours.tokens, theirs.tokens)
+
+
 def test_the_adaptive_default_is_exact_and_reports_its_shapes_and_its_cost(llama_pair):
     """No tree argument: the planner decides each round (here, timed on a tiny model, whatever pays), starting from
     the default shape, pricing one plain step, and costing little itself."""

@@ -107,16 +107,23 @@ def resolve_tree_settings(
     return TreeSettings(**{**values, "total_tokens": min(settings.total_tokens, settings.max_nodes)})
 
 
+# head -> (its folder, the generation config read from it): read once, not at every `generate` call (6 ms)
+_FOLDER_GENERATION_CONFIGS: "weakref.WeakKeyDictionary[Eagle3DraftModel, tuple]" = weakref.WeakKeyDictionary()
+
+
 def _draft_generation_config(draft: Eagle3DraftModel) -> GenerationConfig | None:
     """The head's generation config: its attribute, else the `generation_config.json` of a head loaded from a local
     folder (`from_pretrained` loads generation configs only for models that can generate, which a head cannot)."""
     config = getattr(draft, "generation_config", None)
     if config is not None:
         return config
-    folder = Path(draft.name_or_path or "")
-    if draft.name_or_path and (folder / "generation_config.json").is_file():
-        return GenerationConfig.from_pretrained(folder)
-    return None
+    folder, read = _FOLDER_GENERATION_CONFIGS.get(draft, (None, None))
+    if folder != draft.name_or_path:
+        path = Path(draft.name_or_path or "")
+        has_file = bool(draft.name_or_path) and (path / "generation_config.json").is_file()
+        folder, read = draft.name_or_path, GenerationConfig.from_pretrained(path) if has_file else None
+        _FOLDER_GENERATION_CONFIGS[draft] = (folder, read)
+    return read
 
 
 @dataclass
@@ -414,8 +421,10 @@ class _TreeDecoder:
         self.planner = planner
         self.shapes: list[TreeShape] = []
         self.phase_seconds = {name: [] for name in ("draft", "verify", "update", "other", "planner")}
-        # (tokens (1, T), features (1, T, F)) of plain steps, encoded into the draft before its next tree
-        self.pending: list[tuple[torch.LongTensor, torch.Tensor]] = []
+        # (tokens (1, T), features (1, T, F), keep (T,) or None) of the prompt and of plain steps, encoded into the
+        # draft before its next tree
+        self.pending: list[tuple[torch.LongTensor, torch.Tensor, torch.BoolTensor | None]] = []
+        self.prompt_pending = False
         self.clock = _PhaseClock(model.device)
         self.unread: list[tuple] = []  # rounds whose phase marks the device may not have passed yet (CUDA)
 
@@ -471,7 +480,11 @@ class _TreeDecoder:
         stopped, _ = self._emit(token, scores, logits)
         if not stopped:
             features = gather_target_features(outputs.hidden_states, self.layer_ids, captured.get("hidden"))
-            self.drafter.extend(self.sequences[:, 1:], features, keep=self.padding)
+            if self.planner is None:
+                self.drafter.extend(self.sequences[:, 1:], features, keep=self.padding)
+            else:  # plain steps need no draft: a generation the planner keeps plain never encodes its prompt
+                self.pending.append((self.sequences[:, 1:], features, self.padding))
+                self.prompt_pending = True
         return stopped
 
     def _shape(self) -> TreeShape:
@@ -525,7 +538,7 @@ class _TreeDecoder:
             if depth > 0 or self.planner is None:
                 self.drafter.extend(new_tokens[None], features[path][None])
             else:
-                self.pending.append((new_tokens[None], features[path][None]))
+                self.pending.append((new_tokens[None], features[path][None], None))
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
         tree_depth = 0 if tree is None else tree.depths.max()
@@ -569,15 +582,22 @@ class _TreeDecoder:
         return torch.zeros(1, dtype=torch.long, device=logits.device), scores, token
 
     def _flush_pending(self) -> int:
-        """Encode the tokens of the plain steps since the last tree into the draft, in one forward; returns how
-        many there were."""
+        """Encode the tokens of the plain steps since the last tree (and the prompt, before the first tree) into the
+        draft, in one forward; returns how many plain steps' tokens there were, 0 when the prompt was among them (a
+        cost per plain token cannot be told apart from the prompt's then, and the planner is not told)."""
         if not self.pending:
             return 0
-        tokens, features = zip(*self.pending)
+        tokens, features, keeps = zip(*self.pending)
+        keep = None
+        if any(flags is not None for flags in keeps):  # the prompt's padding flags: its padding stays masked out
+            device = next(flags.device for flags in keeps if flags is not None)
+            ones = [torch.ones(part.shape[1], dtype=torch.bool, device=device) for part in tokens]
+            keep = torch.cat([own if flags is None else flags for own, flags in zip(ones, keeps)])
         tokens = torch.cat(tokens, dim=1)
-        self.drafter.extend(tokens, torch.cat(features, dim=1))
+        self.drafter.extend(tokens, torch.cat(features, dim=1), keep=keep)
         self.pending.clear()
-        return tokens.shape[1]
+        with_prompt, self.prompt_pending = self.prompt_pending, False
+        return 0 if with_prompt else tokens.shape[1]
 
     def _read_rounds(self, final: bool) -> None:
         """Turn the phase marks of finished rounds into seconds, and tell the planner what each cost and accepted.
