@@ -26,8 +26,11 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   at most twofold per probe (one unlucky round after a few is weak evidence) up to `max_probe_interval`. A head that
   does not pay (`r` near 0.5) is thus probed every 100 steps or so, while near break-even, where the estimate is
   uncertain and a wrong choice costs a few percent either way, probes come every few steps and keep it right.
-  The deferred draft update that plain steps cause (their tokens are encoded into the head when the next tree is
-  drafted) is charged to them, per token.
+  The deferred draft update that plain steps leave (their tokens are encoded into the head, in one forward, when
+  the next tree is drafted) is the cost of switching back: its seconds are added to every tree's estimate while a
+  plain streak runs, and to nothing else. One more plain step adds next to nothing to that batched forward, so
+  charging its mean per token to plain steps (session 10) made them look 5-7% dearer whenever streaks were short,
+  and kept the planner in trees that lose at T=1.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -190,13 +193,13 @@ class RoundPlanner:
         self.verify_seconds: dict[int, _Seconds] = {}
         self.root_seconds, self.level_seconds = _Seconds(window), _Seconds(window)
         self.update_seconds, self.other_seconds = _Seconds(window), _Seconds(window)
-        self.deferred_seconds = _Seconds(window)  # per token, of the draft update that plain steps defer
+        self.switch_seconds = _Seconds(window)  # the draft update a tree after plain steps does first
         self.acceptance: dict[TreeShape, _Acceptance] = {}
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
         # `_best_tree()` until the next tree round: a streak of plain steps asks for it every step, and it is the
         # planner's main cost (0.2 ms of a 55 ms SmolLM2 step on a 2-core CPU)
-        self._best: tuple[TreeShape, float] | None = None
+        self._best: dict[bool, tuple[TreeShape, float]] = {}  # by whether a plain streak runs (a switch is due)
 
     # ------------------------------------------------------------------------------------------- observations
     def record_plain(self, seconds: float) -> None:
@@ -207,7 +210,8 @@ class RoundPlanner:
     def record_deferred_update(self, seconds: float, tokens: int) -> None:
         """Encoding the `tokens` of earlier plain steps into the draft took `seconds` (before a tree round)."""
         if tokens:
-            self.deferred_seconds.add(seconds / tokens)
+            self.switch_seconds.add(seconds)
+            self._best = {}
 
     def record_tree(
         self,
@@ -221,7 +225,7 @@ class RoundPlanner:
     ) -> None:
         """A tree round of `shape` accepted `accepted` draft tokens (the bonus token not counted) of a verified
         tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`)."""
-        self._best = None
+        self._best = {}
         self.verify_seconds.setdefault(shape.total_tokens, _Seconds(self.config.cost_window)).add(verify_seconds)
         # Level 1 comes from the logits the last draft update left (no head forward); each further level is one
         # head forward over the frontier.
@@ -294,7 +298,7 @@ class RoundPlanner:
         """Estimated seconds of a round of `shape`, `None` while nothing is known yet."""
         plain = self.plain_seconds.value
         if shape.is_plain:
-            return None if plain is None else plain + (self.deferred_seconds.value or 0.0)
+            return plain
         verify = self._verify_estimate(shape.total_tokens)
         if verify is None:
             return None
@@ -302,7 +306,8 @@ class RoundPlanner:
         if levels and self.level_seconds.value is None:
             return None  # no deeper tree measured yet
         draft = (self.root_seconds.value or 0.0) + (self.level_seconds.value or 0.0) * levels
-        return verify + draft + (self.update_seconds.value or 0.0) + (self.other_seconds.value or 0.0)
+        switch = (self.switch_seconds.value or 0.0) if self.plain_streak else 0.0  # the deferred draft update first
+        return switch + verify + draft + (self.update_seconds.value or 0.0) + (self.other_seconds.value or 0.0)
 
     def _verify_estimate(self, total_tokens: int) -> float | None:
         """Measured for this node count, else the line through the two nearest measured counts, a plain step
@@ -338,15 +343,17 @@ class RoundPlanner:
         return [shape for shape in shapes if self._fits(shape)]
 
     def _best_tree(self) -> tuple[TreeShape, float]:
-        """The tree shape with the highest estimated rate, and that rate. Computed once per tree round: tree
-        estimates change only with tree rounds (a plain step moves only the one-node end of the verification line,
-        from which node counts never measured are interpolated, so their estimates wait for the next tree round)."""
-        if self._best is None:
+        """The tree shape with the highest estimated rate, and that rate (with the switch cost while a plain streak
+        runs). Computed once per tree round and streak: tree estimates change only with tree rounds (a plain step
+        moves only the one-node end of the verification line, from which node counts never measured are
+        interpolated, so their estimates wait for the next tree round)."""
+        switching = self.plain_streak > 0
+        if switching not in self._best:
             rated = [(shape, self.rate(shape)) for shape in self._candidates()]
             rated = [(shape, rate) for shape, rate in rated if not math.isnan(rate)]
             best = max(rated, key=lambda item: (item[1], -item[0].total_tokens, -item[0].depth)) if rated else None
-            self._best = best or (self.start, math.nan)
-        return self._best
+            self._best[switching] = best or (self.start, math.nan)
+        return self._best[switching]
 
     # ------------------------------------------------------------------------------------------------- decision
     def choose(self) -> TreeShape:
