@@ -10,6 +10,7 @@ its device, dtype, cache and packing options (`add_batched_generation_arguments`
 from dataclasses import dataclass, field, fields
 
 from ..loading import DEFAULT_TARGET
+from ..training.exclusion import OVERLAP_POLICIES
 from . import add_pack_weights_argument
 
 
@@ -52,7 +53,7 @@ class DataArguments:
             "help": "Records whose user turns overlap the benchmark's evaluation prompts (MT-bench, HumanEval, the "
             "held-out ShareGPT slice; the rule of `eagle3-hf check-data`) are left out ('drop', with a warning), "
             "only reported ('warn'), refused ('error') or not checked ('off').",
-            "choices": ["drop", "warn", "error", "off"],
+            "choices": list(OVERLAP_POLICIES),
         },
     )
 

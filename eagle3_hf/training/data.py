@@ -41,8 +41,8 @@ class DataStats:
     `read`: records read from the source (after `offset`/`limit`). `empty`: conversations with no user turn followed
     by an assistant turn once cleaned. `invalid`: malformed records (unknown role, non-string content) or chat
     template errors. `excluded`: records left out as asked (`exclude`: those that overlap the benchmark's evaluation
-    prompts, see `eagle3_hf.training.exclusion.screen_training_records`). `dropped`: overlong samples with `overflow="drop"`, or truncated ones left with no assistant
-    token. `truncated`: kept samples cut to `max_length`. `kept`: rows of the dataset. `approximate`: kept rows whose
+    prompts, see `eagle3_hf.training.exclusion.screen_training_records`). `dropped`: overlong samples with
+    `overflow="drop"`, or truncated ones left with no assistant token. `truncated`: kept samples cut to `max_length`. `kept`: rows of the dataset. `approximate`: kept rows whose
     template renders earlier turns differently from a conversation's end, so an assistant span was found by search
     (see docs). `loss_tokens`/`tokens`: masked and total tokens kept. `fingerprint`: the dataset's fingerprint.
     """
@@ -354,9 +354,9 @@ def build_training_dataset(
             those `screen_training_records` finds overlapping the evaluation prompts.
 
     Returns:
-        The dataset; its `DataStats` (counts of records read, kept, truncated, dropped, empty, invalid) are logged
-        and stored in `dataset.info.description`: read them with `DataStats.from_dataset(dataset)`. The dataset's
-        fingerprint hashes the cleaned conversations, the tokenizer and these settings.
+        The dataset; its `DataStats` (counts of records read, kept, truncated, dropped, empty, invalid, excluded) are
+        logged and stored in `dataset.info.description`: read them with `DataStats.from_dataset(dataset)`. The
+        dataset's fingerprint hashes the cleaned conversations, the tokenizer and these settings.
     """
     from datasets import Dataset
 
