@@ -9,6 +9,7 @@ from eagle3_hf.bench.measure import (
     deepest_draft_positions,
     record_rounds,
     round_draft_limits,
+    speedup_interval,
     summarize,
     timed_generate,
     tokens_per_round,
@@ -84,6 +85,26 @@ def test_greedy_mismatches_are_unknown_where_no_output_is_compared():
     rows = summarize(records)["rows"]
     assert [r["greedy_mismatches"] for r in rows] == [None, None]
     assert "| humaneval | 1 | tree | 1.00 | 10.0 | 1.00x | - | - | 1 |" in markdown_table({"rows": rows})
+
+
+def _prompt_record(method, prompt_id, tokens, seconds):
+    return GenerationRecord("sharegpt", prompt_id, "", 0, method, 1.0, 10, tokens, seconds, [1] * (tokens - 1))
+
+
+def test_speedup_interval_pairs_each_prompt_with_its_plain_run():
+    # prompts of very different lengths, every one exactly twice as fast: the paired interval is the point itself
+    lengths = [10, 40, 90, 160, 250]
+    plain = [_prompt_record("plain", str(i), n, n / 10) for i, n in enumerate(lengths)]
+    tree = [_prompt_record("tree", str(i), n, n / 20) for i, n in enumerate(lengths)]
+    assert speedup_interval(tree, plain) == pytest.approx((2.0, 2.0))
+    # per-prompt speedups 0.9x to 1.1x: the interval holds the pooled speedup and stays inside what was seen
+    noisy = [_prompt_record("tree", str(i), n, n / 10 / f) for i, (n, f) in enumerate(zip(lengths, (0.9, 1.1) * 3))]
+    low, high = speedup_interval(noisy, plain)
+    rows = {r["method"]: r for r in summarize(plain + noisy)["rows"]}
+    assert 0.9 <= low < rows["tree"]["speedup"] < high <= 1.1
+    assert rows["tree"]["speedup_interval"] == [low, high] and rows["plain"]["speedup_interval"] is None
+    assert f"({low:.2f}-{high:.2f})" in markdown_table(summarize(plain + noisy))
+    assert speedup_interval(tree[:2], plain[:2]) is None  # too few prompts to say anything
 
 
 def test_bench_command_records_the_arguments_of_both_entry_points(monkeypatch):

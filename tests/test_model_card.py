@@ -120,6 +120,9 @@ class TestCreate:
         assert "| mt_bench | 0 | tree | 2.71 | 25.0 | 1.66× | 0 | 8 |" in results
         assert "| mt_bench | 0 | plain | – | 15.0 | 1.00× | 0 | 8 |" in results
         assert "coding" not in results  # per-category rows stay in the benchmark's own report
+        with_interval = {**RESULTS, "rows": [{**RESULTS["rows"][1], "speedup_interval": [1.581, 1.742]}]}
+        card = create_or_update_model_card(tmp_path, draft, results=with_interval)
+        assert "| mt_bench | 0 | tree | 2.71 | 25.0 | 1.66× (1.58–1.74) | 0 | 8 |" in section(card.text, "results")
 
     @pytest.mark.parametrize("missing", ["machine", "command"])
     def test_results_need_their_machine_and_command(self, draft, tmp_path, missing):

@@ -7,6 +7,8 @@ follow for any decoding method. tau = new tokens / target forwards after the pre
 the EAGLE papers); speedup = tokens per second over plain `generate`'s tokens per second on the same prompts.
 """
 
+import math
+import random
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -369,8 +371,40 @@ def _aggregate(
     }
 
 
+def speedup_interval(
+    method: list[GenerationRecord], plain: list[GenerationRecord], resamples: int = 2000, level: float = 0.95
+) -> tuple[float, float] | None:
+    """A paired bootstrap confidence interval of `method`'s speedup over `plain` (tokens per second over tokens per
+    second, as `summarize` computes it), resampling the prompts: each resample draws as many prompts as were
+    measured, with replacement, and takes both methods' generations of the drawn prompts. `None` with fewer than
+    3 prompts measured by both.
+
+    Timings of the same prompt move together (its length, the machine's state at that moment), and at T > 0 each
+    method also samples its own text, so two runs of one method on 16 prompts differ by a few percent: the interval
+    says whether a speedup near 1.0x is one.
+    """
+    by_prompt: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for records, offset in ((method, 0), (plain, 2)):
+        for record in records:
+            totals = by_prompt[(record.prompt_id, record.turn)]
+            totals[offset] += record.new_tokens
+            totals[offset + 1] += record.seconds
+    pairs = [totals for totals in by_prompt.values() if totals[1] > 0 and totals[3] > 0]
+    if len(pairs) < 3:
+        return None
+    rng = random.Random(0)  # the same records give the same interval
+    ratios = []
+    for _ in range(resamples):
+        tokens, seconds, plain_tokens, plain_seconds = map(sum, zip(*rng.choices(pairs, k=len(pairs))))
+        ratios.append((tokens / seconds) / (plain_tokens / plain_seconds) if plain_tokens else math.nan)
+    ratios = sorted(ratio for ratio in ratios if not math.isnan(ratio))
+    tail = (1 - level) / 2
+    return ratios[int(tail * (len(ratios) - 1))], ratios[math.ceil((1 - tail) * (len(ratios) - 1))]
+
+
 def summarize(records: list[GenerationRecord], max_new_tokens: int | None = None, tree=None) -> dict:
-    """Per (dataset, temperature, method) and per MT-bench category: tau, tokens/s, speedup, acceptance.
+    """Per (dataset, temperature, method) and per MT-bench category: tau, tokens/s, speedup (with its 95% paired
+    bootstrap interval over prompts, `speedup_interval`), acceptance.
 
     tau is the reference's: new tokens per round, so a last round cut short by `max_new_tokens` counts with the
     tokens it emitted. Acceptance by position leaves out the positions such a round could not draft when
@@ -394,5 +428,7 @@ def summarize(records: list[GenerationRecord], max_new_tokens: int | None = None
         plain = groups.get((dataset, temperature, "plain"))
         plain_speed = _aggregate(plain)["tokens_per_second"] if plain else 0.0
         row["speedup"] = row["tokens_per_second"] / plain_speed if plain_speed else None
+        interval = speedup_interval(group, plain) if plain and method != "plain" else None
+        row["speedup_interval"] = list(interval) if interval else None
         rows.append(row)
     return {"rows": rows, "records": [asdict(r) for r in records]}

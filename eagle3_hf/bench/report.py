@@ -14,17 +14,24 @@ def _share(value) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _speedup(row: dict) -> str:
+    """`1.23x`, with the 95% interval when there is one: `1.23x (1.15-1.31)`."""
+    text = f"{_fmt(row['speedup'])}x"
+    interval = row.get("speedup_interval")
+    return f"{text} ({interval[0]:.2f}-{interval[1]:.2f})" if interval else text
+
+
 def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
-    """Markdown tables: per dataset (tau, tokens/s, speedup, the share of the head's rounds that drafted a tree,
-    greedy mismatches; "-" where the method has no such rounds or no output was compared with plain `generate`),
-    then per MT-bench category."""
+    """Markdown tables: per dataset (tau, tokens/s, speedup with its 95% interval over prompts, the share of the
+    head's rounds that drafted a tree, greedy mismatches; "-" where the method has no such rounds or no output was
+    compared with plain `generate`), then per MT-bench category."""
     header = "| dataset | T | method | tau | tokens/s | speedup | tree rounds | greedy mismatches | generations |\n"
     header += "|---|---|---|---|---|---|---|---|---|\n"
     main, categories = header, header
     for row in summary["rows"]:
         line = (
             f"| {row['dataset']} | {row['temperature']:g} | {row['method']} | {_fmt(row['tau'])} | "
-            f"{_fmt(row['tokens_per_second'], 1)} | {_fmt(row['speedup'])}x | {_share(row.get('tree_round_share'))} | "
+            f"{_fmt(row['tokens_per_second'], 1)} | {_speedup(row)} | {_share(row.get('tree_round_share'))} | "
             f"{_fmt(row['greedy_mismatches'], 0)} | "
             f"{row['generations']} |\n"
         )

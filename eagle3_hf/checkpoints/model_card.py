@@ -346,9 +346,17 @@ def _result_runs(results: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
                 raise ValueError(f"{where}['rows'][{row_index}] needs 'dataset' and 'method'; got keys {sorted(row)}.")
             if "/" in str(row["dataset"]):  # per-category breakdowns (e.g. "mt_bench/coding") stay in results.md
                 continue
-            table.append([_cell(_format_result(key, row.get(key))) for key in RESULT_COLUMNS])
+            table.append([_cell(_result_cell(key, row)) for key in RESULT_COLUMNS])
         rendered.append({"machine": _cell(run["machine"]), "command": run["command"].strip(), "rows": table})
     return rendered
+
+
+def _result_cell(key: str, row: dict) -> str:
+    """The card's cell for column `key` of a benchmark row; the speedup with its 95% interval where the row has one
+    (`bench.measure.speedup_interval`): `1.23× (1.15–1.31)`."""
+    text = _format_result(key, row.get(key))
+    interval = row.get("speedup_interval") if key == "speedup" else None
+    return f"{text} ({interval[0]:.2f}–{interval[1]:.2f})" if interval and row.get(key) is not None else text
 
 
 def _format_result(key: str, value: Any) -> str:
