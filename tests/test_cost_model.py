@@ -224,3 +224,75 @@ def test_the_deferred_draft_update_is_a_cost_of_switching_back_to_trees():
     with_switch = planner.round_seconds(best)
     planner.plain_streak = 0
     assert with_switch == pytest.approx(planner.round_seconds(best) + switch)
+
+
+def play_with_confidence(planner: RoundPlanner, rounds: int, confidence_of, accepted_of, tell: bool = True):
+    """Play rounds whose root confidence is `confidence_of(index)` and whose trees accept
+    `accepted_of(confidence, depth)` draft tokens. As in `eagle3_generate`, the planner learns the confidence before a
+    round only right after a tree (`tell=False`: never, the planner before confidences); every tree records it.
+    Returns `(shape chosen, whether the planner was told the confidence)` per round and the tokens per second."""
+    shapes, tokens, seconds, head_current = [], 0, 0.0, False
+    for index in range(rounds):
+        confidence = confidence_of(index)
+        known = tell and head_current
+        shape = planner.choose(confidence=confidence if known else None)
+        if shape.is_plain:
+            planner.record_plain(PLAIN)
+            tokens, seconds, head_current = tokens + 1, seconds + PLAIN, False
+        else:
+            accepted, draft = accepted_of(confidence, shape.depth), 0.02 + 0.05 * (shape.depth - 1)
+            verify = verify_seconds(shape.total_tokens)
+            planner.record_tree(shape, accepted, shape.depth, verify, draft, 0.05, 0.02, confidence, blind=not known)
+            tokens, seconds, head_current = tokens + accepted + 1, seconds + verify + draft + 0.07, True
+        shapes.append((shape, known))
+    return shapes, tokens / seconds
+
+
+def confident_stretches(index: int) -> float:
+    """Stretches of 12 rounds where the head is sure (0.9) and 12 where it is not (0.1)."""
+    return 0.9 if (index // 12) % 2 == 0 else 0.1
+
+
+def sure_or_wrong(confidence: float, depth: int) -> int:
+    """Sure rounds accept the whole tree, unsure ones nothing."""
+    return depth if confidence > 0.5 else 0
+
+
+def test_a_known_confidence_picks_trees_where_the_head_is_sure_and_plain_steps_where_it_is_not():
+    planner = make_planner()
+    play_with_confidence(planner, 200, confident_stretches, sure_or_wrong)
+    assert planner.choose(confidence=0.95) != PLAIN_STEP
+    assert planner.choose(confidence=0.05) == PLAIN_STEP
+    planner.config.use_confidence = False  # the knob for comparisons: told, but choosing blind
+    assert planner.choose(confidence=0.05) != PLAIN_STEP
+    # same rounds, never told: a blind tree averages the sure and unsure rounds and keeps drafting
+    blind = make_planner()
+    rounds, _ = play_with_confidence(blind, 200, confident_stretches, sure_or_wrong, tell=False)
+    assert sum(shape.is_plain for shape, _ in rounds[-100:]) <= 5
+
+
+def test_gating_on_the_heads_confidence_beats_the_blind_average():
+    """Half the rounds pay (4 tokens for 1.6 plain steps), half lose (1 token): the blind planner drafts every round
+    (2.5 tokens per 1.6 steps on average beat plain steps); told the confidence after each tree, the planner takes a
+    plain step where the head is unsure (the blind round after it finds out whether the stretch goes on: as often
+    as not it does not). Deterministic, no clock."""
+    _, blind_rate = play_with_confidence(make_planner(), 480, confident_stretches, sure_or_wrong, tell=False)
+    rounds, told_rate = play_with_confidence(make_planner(), 480, confident_stretches, sure_or_wrong)
+    assert told_rate > 1.1 * blind_rate
+    told = [(shape, confident_stretches(index)) for index, (shape, known) in enumerate(rounds) if known][20:]
+    assert all(shape.is_plain == (confidence < 0.5) for shape, confidence in told)
+
+
+def test_a_blind_round_is_rated_by_the_confidences_blind_rounds_met():
+    """The blind estimate mixes the buckets in the proportions that earlier blind rounds met: blind rounds that met
+    only unsure roots make blind trees look as bad as unsure ones, though the shape's overall average pays."""
+    planner = make_planner()
+    shape = START
+    for index in range(40):
+        sure = index % 4 != 0  # 30 sure rounds told, 10 unsure blind ones
+        planner.record_tree(shape, 3 if sure else 0, 3, 1.4, 0.12, 0.05, 0.02, 0.9 if sure else 0.1, not sure)
+    planner.record_plain(PLAIN)
+    overall = planner._rates(shape)
+    assert sum(overall[:3]) > 2.0  # mostly sure rounds
+    assert planner.expected_draft_tokens(shape) < 1.0  # mostly unsure when blind
+    assert planner.expected_draft_tokens(shape, bucket=0) < 0.5 < 2.5 < planner.expected_draft_tokens(shape, 4)

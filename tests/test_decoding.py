@@ -27,7 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel, eagle3_generate
 from eagle3_hf.generation import decoding, original_generate
-from eagle3_hf.generation.cost_model import PLAIN_STEP, TreeShape
+from eagle3_hf.generation.cost_model import PLAIN_STEP, PlannerConfig, TreeShape
 
 from .conftest import make_tiny_target
 from .oracle_draft import OracleDraft, sharpen
@@ -100,10 +100,12 @@ class ScriptedPlanner:
     """A planner that cycles through fixed shapes, plain steps included, whatever the rounds cost or accept."""
 
     def __init__(self, shapes):
-        self.shapes, self.calls, self.recorded = list(shapes), 0, []
+        self.shapes, self.calls, self.recorded, self.confidences = list(shapes), 0, [], []
+        self.tree_confidences = []
 
-    def choose(self) -> TreeShape:
+    def choose(self, confidence=None) -> TreeShape:
         self.calls += 1
+        self.confidences.append(confidence)
         return self.shapes[(self.calls - 1) % len(self.shapes)]
 
     def record_plain(self, seconds):
@@ -112,8 +114,9 @@ class ScriptedPlanner:
     def record_deferred_update(self, seconds, tokens):
         assert tokens == 0 or self.recorded[-1][0].is_plain  # only plain steps defer their draft update
 
-    def record_tree(self, shape, accepted, tree_depth, *seconds):
+    def record_tree(self, shape, accepted, tree_depth, *seconds, confidence, blind):
         self.recorded.append((shape, accepted))
+        self.tree_confidences.append((confidence, blind))
 
 
 SHAPE_CYCLE = [TreeShape(8, 3), PLAIN_STEP, PLAIN_STEP, TreeShape(4, 1), TreeShape(12, 5), PLAIN_STEP, TreeShape(6, 2)]
@@ -140,6 +143,30 @@ def test_greedy_stays_identical_while_the_shape_changes_between_rounds(name):
         ]
         assert trees_after_plain and min(trees_after_plain) >= 1  # noise 0: the oracle's drafts are right
         assert all(shape.total_tokens == 1 for shape in out.round_shapes if shape.is_plain)
+
+
+def test_the_planner_learns_the_heads_confidence_exactly_when_the_head_has_read_every_token():
+    """Right after a tree the head's root confidence is known before the round (and the round is not blind); after
+    the prefill or a plain step the head has not read the newest token, so the round is chosen blind, and a tree
+    drafted then still records the confidence it was drafted from. At temperature 0.7 the head's logits are divided
+    by it, as sampled trees draw them."""
+    config_class, overrides, attn = ARCHITECTURES["llama"]
+    target = peaked_target(config_class, attn, **overrides)
+    draft = OracleDraft.from_target(target)
+    prompt = random_prompt(12, 5)
+    for sampling in (dict(do_sample=False), dict(do_sample=True, temperature=0.7, top_k=0)):
+        planner = ScriptedPlanner(SHAPE_CYCLE)
+        torch.manual_seed(0)
+        tree_generate(target, draft, prompt, 0.0, max_new_tokens=24, tree_planner=planner, **sampling)
+        shapes = [SHAPE_CYCLE[i % len(SHAPE_CYCLE)] for i in range(planner.calls)]
+        after_tree = [False] + [not shape.is_plain for shape in shapes[:-1]]
+        assert [c is not None for c in planner.confidences] == after_tree
+        trees = [(i, shape) for i, shape in enumerate(shapes) if not shape.is_plain]
+        assert len(planner.tree_confidences) == len(trees) >= 3
+        for (i, _), (confidence, blind) in zip(trees, planner.tree_confidences):
+            assert blind == (not after_tree[i]) and 0.0 < confidence <= 1.0
+            if not blind:
+                assert confidence == planner.confidences[i]
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3-sliding"])
@@ -209,6 +236,19 @@ def test_the_adaptive_default_is_exact_and_reports_its_shapes_and_its_cost(llama
     )
     planner, total = sum(out.round_seconds["planner"]), sum(map(sum, out.round_seconds.values()))
     assert planner < 0.1 * total  # microseconds per round against milliseconds (measured: about 0.5%)
+
+    # a planner of one's own for the same shape space, here kept blind: the same start, apart from the default's
+    settings = decoding.resolve_tree_settings(draft, None, None, None)
+    own = decoding.new_planner(target, settings, PlannerConfig(use_confidence=False))
+    out = target.generate(
+        prompt,
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=40,
+        return_dict_in_generate=True,
+        tree_planner=own,
+    )
+    assert torch.equal(out.sequences, expected) and out.round_shapes[0] == own.start and own.tree_rounds >= 1
 
 
 def test_a_head_that_taps_the_last_layer_decodes_losslessly():

@@ -60,3 +60,15 @@ def test_sampled_children_follow_the_head_distribution_at_the_temperature(drafte
     logits = drafter._last_logits.float() / 0.5
     target_ids = drafter.draft.draft_to_target_ids(torch.arange(logits.shape[0]))
     assert torch.allclose(q[target_ids], torch.softmax(logits, dim=-1), atol=1e-6)
+
+
+def test_root_confidence_is_the_largest_probability_the_first_level_is_drawn_from(drafter):
+    """The root confidence is the largest probability of the distribution the next tree's first level comes from:
+    the root's children in a sampled tree at that temperature, the top-1 child of a greedy tree at temperature 1."""
+    drafter, prompt = drafter
+    with torch.no_grad():
+        sampled = drafter.grow_sampled(prompt[0, -1], depth=1, num_nodes=2, temperature=0.5)
+        greedy = drafter.grow(prompt[0, -1], depth=1, num_nodes=2)
+    assert drafter.root_confidence(0.5) == pytest.approx(float(sampled.draft_probs[0].max()), rel=1e-5)
+    assert drafter.root_confidence() == pytest.approx(float(greedy.scores[1].exp()), rel=1e-5)
+    assert drafter.root_confidence(0.5) > drafter.root_confidence(1.0)  # sharper at a lower temperature

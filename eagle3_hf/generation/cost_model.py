@@ -32,12 +32,24 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   charging its mean per token to plain steps (session 10) made them look 5-7% dearer whenever streaks were short,
   and kept the planner in trees that lose at T=1.
 
+- **The head's confidence.** Right after a tree round the head has already read the accepted tokens, and its
+  distribution for the next root's first draft token is at hand for free (`TreeDrafter.root_confidence`: the
+  largest probability, at the sampling temperature). EAGLE-2 ranks nodes by such confidences because they predict
+  acceptance; measured here (the shipped SmolLM2 head, MT-bench, 8/3 tree + 6 lookup), a round rooted at a
+  confidence under 0.2 produced 1.51 tokens at T=1 and 1.87 at T=0, one over 0.9 produced 2.80 and 2.83. So
+  acceptance is also counted per confidence bucket (`CONFIDENCE_EDGES`), all shapes pooled, and a shape's rates are
+  scaled by how a bucket's differ from all rounds'. A round whose confidence is known takes the shape, or the plain
+  step, that pays for that bucket: trees where the head is sure, plain steps where it is not. After a plain step the head has not read
+  the newest token (its update waits for the next tree), so the confidence is unknown: the estimate is then the
+  buckets' mixture in the proportions met by earlier rounds chosen without it ("blind" rounds).
+
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
 
 Pure Python, no tensors: the planner is tested with injected timings and acceptances.
 """
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -55,6 +67,16 @@ class TreeShape:
 
 
 PLAIN_STEP = TreeShape(total_tokens=1, depth=0)
+
+# Bucket edges of the head's root confidence (its largest next-token probability). Five buckets: enough to tell the
+# rounds that lose from the ones that pay (measured tau per bucket on MT-bench T=1: 1.51 / 1.78 / 1.89 / 2.23 / 2.58),
+# few enough that each fills within a few answers.
+CONFIDENCE_EDGES = (0.2, 0.4, 0.6, 0.8)
+
+
+def confidence_bucket(confidence: float) -> int:
+    """The index in `[0, len(CONFIDENCE_EDGES)]` of the bucket holding `confidence`."""
+    return bisect.bisect_right(CONFIDENCE_EDGES, confidence)
 
 
 class _Seconds:
@@ -130,6 +152,21 @@ class _Acceptance:
         return self.reached[0] if self.reached else 0.0
 
 
+class _Histogram:
+    """Decayed counts of the confidence buckets met, each count multiplied by `decay` per observation."""
+
+    def __init__(self):
+        self.counts = [0.0] * (len(CONFIDENCE_EDGES) + 1)
+
+    def add(self, bucket: int, decay: float) -> None:
+        self.counts = [count * decay for count in self.counts]
+        self.counts[bucket] += 1.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.counts)
+
+
 @dataclass
 class PlannerConfig:
     """Knobs of `RoundPlanner`; the defaults are what `eagle3_generate` uses.
@@ -151,6 +188,8 @@ class PlannerConfig:
             turn).
         explore_margin (`float`): explore a neighbour only while its estimated rate is at least `1 - explore_margin`
             times the best's.
+        use_confidence (`bool`): choose by the head's root confidence when the loop knows it (`choose(confidence=)`);
+            `False` chooses every round blind, as the planner did before it knew confidences (for comparisons).
     """
 
     decay: float = 0.95
@@ -162,6 +201,7 @@ class PlannerConfig:
     probe_budget: float = 0.01
     explore_every: int = 8
     explore_margin: float = 0.1
+    use_confidence: bool = True
 
 
 class RoundPlanner:
@@ -195,11 +235,17 @@ class RoundPlanner:
         self.update_seconds, self.other_seconds = _Seconds(window), _Seconds(window)
         self.switch_seconds = _Seconds(window)  # the draft update a tree after plain steps does first
         self.acceptance: dict[TreeShape, _Acceptance] = {}
+        # counts of the rounds whose confidence is known, all shapes pooled: all of them and per confidence bucket;
+        # and the buckets met by all tree rounds and by blind ones
+        self.pooled_acceptance = _Acceptance()
+        self.bucket_acceptance: dict[int, _Acceptance] = {}
+        self.buckets_met, self.blind_buckets_met = _Histogram(), _Histogram()
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
         # `_best_tree()` until the next tree round: a streak of plain steps asks for it every step, and it is the
         # planner's main cost (0.2 ms of a 55 ms SmolLM2 step on a 2-core CPU)
-        self._best: dict[bool, tuple[TreeShape, float]] = {}  # by whether a plain streak runs (a switch is due)
+        # by (whether a plain streak runs (a switch is due), the confidence bucket or None)
+        self._best: dict[tuple[bool, int | None], tuple[TreeShape, float]] = {}
 
     # ------------------------------------------------------------------------------------------- observations
     def record_plain(self, seconds: float) -> None:
@@ -222,9 +268,12 @@ class RoundPlanner:
         draft_seconds: float,
         update_seconds: float,
         other_seconds: float,
+        confidence: float | None = None,
+        blind: bool = True,
     ) -> None:
         """A tree round of `shape` accepted `accepted` draft tokens (the bonus token not counted) of a verified
-        tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`)."""
+        tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`). `confidence` is
+        the head's root confidence the tree was drafted from; `blind` whether the round was chosen without it."""
         self._best = {}
         self.verify_seconds.setdefault(shape.total_tokens, _Seconds(self.config.cost_window)).add(verify_seconds)
         # Level 1 comes from the logits the last draft update left (no head forward); each further level is one
@@ -237,6 +286,13 @@ class RoundPlanner:
         self.update_seconds.add(update_seconds)
         self.other_seconds.add(other_seconds)
         self.acceptance.setdefault(shape, _Acceptance()).add(accepted, tree_depth, self.config.decay)
+        if confidence is not None:
+            bucket = confidence_bucket(confidence)
+            self.pooled_acceptance.add(accepted, tree_depth, self.config.decay)
+            self.bucket_acceptance.setdefault(bucket, _Acceptance()).add(accepted, tree_depth, self.config.decay)
+            self.buckets_met.add(bucket, self.config.decay)
+            if blind:
+                self.blind_buckets_met.add(bucket, self.config.decay)
         if self.plain_streak:  # a probe
             self.probe_interval = self._budgeted_probe_interval()
         self.plain_streak = 0
@@ -255,14 +311,32 @@ class RoundPlanner:
         return max(config.probe_interval, min(budgeted, 2 * self.probe_interval, config.max_probe_interval))
 
     # ------------------------------------------------------------------------------------------------ estimates
-    def expected_draft_tokens(self, shape: TreeShape) -> float:
+    def expected_draft_tokens(self, shape: TreeShape, bucket: int | None = None) -> float:
         """`sum_j prod_{i <= j} alpha[i]` over the `shape.depth` positions of `shape`'s own rates, which lean on the
         nearest shape measured (a tree of other depth spreads its nodes otherwise, so its rates are only a prior),
         then over the positions past its depth that prompt-lookup chains reached (from the nearest measured shape's
         counts while `shape` has none). Leaving those out undervalued every tree against plain steps wherever lookup
-        pays (code: a third of HumanEval's accepted tokens lie past depth 3)."""
+        pays (code: a third of HumanEval's accepted tokens lie past depth 3).
+
+        With a confidence `bucket`, the rates are scaled by what sets that bucket apart (`_bucket_rates`). Without
+        one (a round chosen blind), the buckets' estimates mixed in the proportions blind rounds met (shrunk
+        towards those all rounds met), once any round's confidence was recorded."""
         if shape.is_plain:
             return 0.0
+        rates = self._rates(shape)
+        if bucket is not None:
+            return _reach_sum(self._bucket_rates(shape, bucket, rates))
+        met, blind = self.buckets_met, self.blind_buckets_met
+        if met.total == 0:
+            return _reach_sum(rates)
+        weight = self.config.prior_weight
+        mixture = [blind.counts[b] + weight * met.counts[b] / met.total for b in range(len(met.counts))]
+        return sum(w * _reach_sum(self._bucket_rates(shape, b, rates)) for b, w in enumerate(mixture) if w) / sum(
+            mixture
+        )
+
+    def _rates(self, shape: TreeShape) -> list[float]:
+        """`shape`'s acceptance rates over all its rounds: its depth's positions, then the lookup positions reached."""
         # the prior is the nearest other shape measured: one unlucky round of a shape tried once (the first, or an
         # exploration) must not condemn it for good while its neighbour is known to accept
         reference = self._nearest_measured(shape, other=True) or self._nearest_measured(shape)
@@ -272,12 +346,21 @@ class RoundPlanner:
         counts = self.acceptance.get(shape, _Acceptance())
         rates = counts.rates(shape.depth, prior, self.config.prior_weight)
         source = counts if counts.weight > 0 or reference is None else self.acceptance[reference]
-        rates += source.extension_rates(shape.depth, rates[-1], self.config.prior_weight)
-        expected, reach = 0.0, 1.0
-        for rate in rates:
-            reach *= rate
-            expected += reach
-        return expected
+        return rates + source.extension_rates(shape.depth, rates[-1], self.config.prior_weight)
+
+    def _bucket_rates(self, shape: TreeShape, bucket: int, overall: list[float]) -> list[float]:
+        """`shape`'s rates `overall` for a root confidence in `bucket`: each position's rate times the factor by which
+        that bucket's rate differs from all rounds' at that position, all shapes pooled (so that a bucket's evidence
+        serves every shape at once, and a shape explored once is not judged by one round per bucket)."""
+        counts = self.bucket_acceptance.get(bucket)
+        if counts is None or counts.weight == 0:
+            return overall
+        weight = self.config.prior_weight
+        pooled = self.pooled_acceptance.rates(len(overall), overall, weight)
+        in_bucket = counts.rates(len(overall), pooled, weight)
+        return [
+            min(1.0, rate * (own / all_ if all_ > 0 else 1.0)) for rate, own, all_ in zip(overall, in_bucket, pooled)
+        ]
 
     def _nearest_measured(self, shape: TreeShape, other: bool = False) -> TreeShape | None:
         """The measured shape closest to `shape` (another one when `other`): the same node count and the nearest
@@ -323,12 +406,13 @@ class RoundPlanner:
             return max(t0 + slope * (total_tokens - n0), 0.0)
         return next(iter(measured.values()), None)
 
-    def rate(self, shape: TreeShape) -> float:
-        """Expected tokens per second of a round of `shape` (`nan` while its cost is unknown)."""
+    def rate(self, shape: TreeShape, bucket: int | None = None) -> float:
+        """Expected tokens per second of a round of `shape` (`nan` while its cost is unknown), for a root confidence
+        in `bucket` (`None`: not known)."""
         seconds = self.round_seconds(shape)
         if seconds is None or seconds <= 0:
             return math.nan
-        return (1.0 + self.expected_draft_tokens(shape)) / seconds
+        return (1.0 + self.expected_draft_tokens(shape, bucket)) / seconds
 
     def plain_rate(self) -> float:
         return self.rate(PLAIN_STEP)
@@ -342,29 +426,33 @@ class RoundPlanner:
         shapes = (TreeShape(n, d) for n in self.node_counts for d in range(1, self.max_depth + 1))
         return [shape for shape in shapes if self._fits(shape)]
 
-    def _best_tree(self) -> tuple[TreeShape, float]:
-        """The tree shape with the highest estimated rate, and that rate (with the switch cost while a plain streak
-        runs). Computed once per tree round and streak: tree estimates change only with tree rounds (a plain step
-        moves only the one-node end of the verification line, from which node counts never measured are
-        interpolated, so their estimates wait for the next tree round)."""
-        switching = self.plain_streak > 0
-        if switching not in self._best:
-            rated = [(shape, self.rate(shape)) for shape in self._candidates()]
+    def _best_tree(self, bucket: int | None = None) -> tuple[TreeShape, float]:
+        """The tree shape with the highest estimated rate for a root confidence in `bucket` (`None`: unknown), and
+        that rate (with the switch cost while a plain streak runs). Computed once per tree round, streak and bucket:
+        tree estimates change only with tree rounds (a plain step moves only the one-node end of the verification
+        line, from which node counts never measured are interpolated, so their estimates wait for the next tree
+        round)."""
+        key = (self.plain_streak > 0, bucket)
+        if key not in self._best:
+            rated = [(shape, self.rate(shape, bucket)) for shape in self._candidates()]
             rated = [(shape, rate) for shape, rate in rated if not math.isnan(rate)]
             best = max(rated, key=lambda item: (item[1], -item[0].total_tokens, -item[0].depth)) if rated else None
-            self._best[switching] = best or (self.start, math.nan)
-        return self._best[switching]
+            self._best[key] = best or (self.start, math.nan)
+        return self._best[key]
 
     # ------------------------------------------------------------------------------------------------- decision
-    def choose(self) -> TreeShape:
-        """The next round's shape: `PLAIN_STEP` or a tree."""
+    def choose(self, confidence: float | None = None) -> TreeShape:
+        """The next round's shape: `PLAIN_STEP` or a tree. `confidence` is the head's root confidence when it is
+        known before the round (`None`: the round is chosen blind, and a losing tree is still probed now and then)."""
         if not self.verify_seconds:
             return self.start  # the head's tuned shape first, then one plain step to price the alternative
         if self.plain_seconds.value is None:
             return PLAIN_STEP
-        best, best_rate = self._best_tree()
+        told = confidence is not None and self.config.use_confidence
+        bucket = confidence_bucket(confidence) if told else None
+        best, best_rate = self._best_tree(bucket)
         if not best_rate > self.plain_rate():
-            if self.plain_streak >= self.probe_interval:
+            if bucket is None and self.plain_streak >= self.probe_interval:
                 return best
             return PLAIN_STEP
         if self.tree_rounds and self.tree_rounds % self.config.explore_every == 0:
@@ -372,10 +460,19 @@ class RoundPlanner:
             step = 1 if (self.tree_rounds // self.config.explore_every) % 2 else -1
             neighbour = TreeShape(best.total_tokens, best.depth + step)
             if self._fits(neighbour):
-                rate = self.rate(neighbour)
+                rate = self.rate(neighbour, bucket)
                 if math.isnan(rate) or rate >= (1 - self.config.explore_margin) * best_rate:
                     return neighbour
         return best
 
 
-__all__ = ["PLAIN_STEP", "PlannerConfig", "RoundPlanner", "TreeShape"]
+def _reach_sum(rates: list[float]) -> float:
+    """Expected draft tokens from per-position conditional rates: `sum_j prod_{i <= j} rates[i]`."""
+    expected, reach = 0.0, 1.0
+    for rate in rates:
+        reach *= rate
+        expected += reach
+    return expected
+
+
+__all__ = ["CONFIDENCE_EDGES", "PLAIN_STEP", "PlannerConfig", "RoundPlanner", "TreeShape", "confidence_bucket"]

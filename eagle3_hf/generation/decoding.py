@@ -24,7 +24,7 @@ from transformers.utils import logging
 
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
-from .cost_model import PLAIN_STEP, RoundPlanner, TreeShape
+from .cost_model import PLAIN_STEP, PlannerConfig, RoundPlanner, TreeShape
 from .cpu_packing import is_packable_target, pack_for_tree_decoding
 from .drafter import TreeDrafter
 from .kv_cache import end_past_recording, keep_tree_entries
@@ -265,9 +265,9 @@ def eagle3_generate(
             (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
             place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
         tree_planner ([`RoundPlanner`], *optional*): the planner to ask for each round's shape (anything with its
-            `choose`, `record_plain`, `record_deferred_update` and `record_tree` methods); implies `tree_adaptive`. By default each head and
-            target keep one planner per shape space and temperature, so what it measured carries over to later
-            calls.
+            `choose(confidence=)`, `record_plain`, `record_deferred_update` and `record_tree(..., confidence=,
+            blind=)` methods); implies `tree_adaptive`. By default each head and target keep one planner per shape
+            space and temperature, so what it measured carries over to later calls.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -356,10 +356,18 @@ def _planner_for(
     planners = _PLANNERS.setdefault(draft, {})
     reference, planner = planners.get(key, (None, None))
     if reference is None or reference() is not model:
-        start = TreeShape(settings.total_tokens, settings.depth)
-        planner = RoundPlanner(node_counts, max_depth, settings.top_k, start)
+        planner = new_planner(model, settings)
         planners[key] = (weakref.ref(model), planner)
     return planner
+
+
+def new_planner(model: PreTrainedModel, settings: TreeSettings, config: PlannerConfig | None = None) -> RoundPlanner:
+    """A fresh planner for the shapes the adaptive default may take with `model` as target, starting from
+    `settings` (e.g. `resolve_tree_settings(head, None, None, None)`), with `config`'s knobs: what `generate` makes
+    for a head and target the first time they meet. Pass it as `tree_planner=` to keep it apart from the default."""
+    node_counts = _candidate_node_counts(model, settings, adaptive=True)
+    start = TreeShape(settings.total_tokens, settings.depth)
+    return RoundPlanner(node_counts, _max_depth(settings, adaptive=True), settings.top_k, start, config)
 
 
 def _max_depth(settings: TreeSettings, adaptive: bool) -> int:
@@ -487,23 +495,32 @@ class _TreeDecoder:
                 self.prompt_pending = True
         return stopped
 
-    def _shape(self) -> TreeShape:
-        """This round's shape: the planner's choice, or the fixed settings."""
+    def _shape(self) -> tuple[TreeShape, float | None]:
+        """This round's shape (the planner's choice, or the fixed settings) and the head's root confidence when it is
+        known before the round: right after a tree, whose draft update has read every token (`None` otherwise)."""
         if self.planner is None:
-            return TreeShape(self.settings.total_tokens, self.settings.depth)
+            return TreeShape(self.settings.total_tokens, self.settings.depth), None
         start = time.perf_counter()
-        shape = self.planner.choose()
+        confidence = None if self.pending else self._root_confidence()
+        shape = self.planner.choose(confidence=confidence)
         self.phase_seconds["planner"].append(time.perf_counter() - start)
-        return shape
+        return shape, confidence
+
+    def _root_confidence(self) -> float:
+        """The head's root confidence at the temperature its trees are drawn with (greedy: 1)."""
+        return self.drafter.root_confidence(self.config.temperature if self.config.do_sample else 1.0)
 
     def _round(self, cache: DynamicCache, output_draft_trees: bool) -> bool:
         """Draft a tree (none for a plain step), verify it, accept a path and a bonus token, compact the cache,
         update the draft (deferred after plain steps), and tell the planner what it all cost."""
-        shape = self._shape()
+        shape, confidence = self._shape()
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = 0 if shape.is_plain else max(0, min(shape.depth, remaining - 1))  # deeper could never be emitted
         marks = [self.clock.mark()]
         flushed = self._flush_pending() if depth > 0 else 0
+        blind = confidence is None
+        if blind and depth > 0 and self.planner is not None:  # what the round was drafted from, for its record
+            confidence = self._root_confidence()
         marks.append(self.clock.mark())
         # A plain step builds no tree (a root-only one only when the trees are returned): its bookkeeping would cost
         # about 2% of a small target's step, paid on every step of a head that does not pay.
@@ -542,7 +559,7 @@ class _TreeDecoder:
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
         tree_depth = 0 if tree is None else tree.depths.max()
-        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks))
+        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks, confidence, blind))
         self._read_rounds(final=stopped)
         return stopped
 
@@ -606,7 +623,7 @@ class _TreeDecoder:
         and reading them now would wait for it), or at the end; its planner record is one round late.
         """
         ready = self.unread if final or not self.clock.asynchronous else self.unread[:-1]
-        for shape, accepted, tree_depth, flushed, marks in ready:
+        for shape, accepted, tree_depth, flushed, marks, confidence, blind in ready:
             flush, draft, verify, other, update = self.clock.seconds(marks)
             phases = (("draft", flush + draft), ("verify", verify), ("update", update), ("other", other))
             for name, seconds in phases:
@@ -619,7 +636,9 @@ class _TreeDecoder:
                 # `draft` without `flush`: the deferred update of earlier plain steps is theirs, not this tree's.
                 # Charged to the tree, it grew with the plain streak and kept probes looking worse the longer it ran.
                 self.planner.record_deferred_update(flush, flushed)
-                self.planner.record_tree(shape, accepted, int(tree_depth), verify, draft, update, other)
+                self.planner.record_tree(
+                    shape, accepted, int(tree_depth), verify, draft, update, other, confidence=confidence, blind=blind
+                )
         self.unread = self.unread[len(ready) :]
 
     def _draft_tree(self, depth: int, remaining: int, num_nodes: int) -> DraftTree:

@@ -64,6 +64,11 @@ class TreeDrafter:
         self._last_hidden = out.hidden_states[0, -1]
         self._last_logits = out.logits[0, -1]
 
+    def root_confidence(self, temperature: float = 1.0) -> float:
+        """The head's largest probability for the token after the next root (`softmax(logits / temperature)`),
+        from the last `extend`: what the next tree's first level is drawn from, and how sure the head is of it."""
+        return float(torch.softmax(self._last_logits.float() / temperature, dim=-1).max())
+
     def grow(self, root_token: torch.LongTensor, depth: int, num_nodes: int) -> DraftTree:
         """Expand the tree level by level from the newest stable entry, then rerank.
 
