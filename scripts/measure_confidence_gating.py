@@ -39,7 +39,7 @@ class FixedShapeRecorder:
     def record_deferred_update(self, seconds, tokens):
         pass
 
-    def record_tree(self, shape, accepted, tree_depth, *seconds, confidence=None):
+    def record_tree(self, shape, accepted, tree_depth, *seconds, confidence=None, blind=True):
         self.rounds.append((confidence, accepted + 1))
 
 

@@ -39,11 +39,9 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   confidence under 0.2 produced 1.51 tokens at T=1 and 1.87 at T=0, one over 0.9 produced 2.80 and 2.83. So
   acceptance is also counted per confidence bucket (`CONFIDENCE_EDGES`), all shapes pooled, and a shape's rates are
   scaled by how a bucket's differ from all rounds'. A round whose confidence is known takes the shape, or the plain
-  step, that pays for that bucket: trees where the head is sure, plain steps where it is not. After a plain step
-  the head has not read the newest token (its update waits for the next tree), so the round is chosen blind, from
-  the buckets mixed in the proportions that earlier blind choices met. A blind choice of a tree (a probe among
-  them) first *peeks*: the loop does the deferred update, reads the confidence and asks again (`record_peek`), so a
-  probe where the head is unsure costs one head forward instead of a losing tree.
+  step, that pays for that bucket: trees where the head is sure, plain steps where it is not. After a plain step the head has not read
+  the newest token (its update waits for the next tree), so the confidence is unknown: the estimate is then the
+  buckets' mixture in the proportions met by earlier rounds chosen without it ("blind" rounds).
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -243,12 +241,10 @@ class RoundPlanner:
         self.bucket_acceptance: dict[int, _Acceptance] = {}
         self.buckets_met, self.blind_buckets_met = _Histogram(), _Histogram()
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
-        self.switch_due = False  # plain steps since the last tree left a deferred draft update
-        self.peeking = False  # whether the loop peeks at the head's confidence before a blind tree (`record_peek`)
         self.tree_rounds = 0
         # `_best_tree()` until the next tree round: a streak of plain steps asks for it every step, and it is the
         # planner's main cost (0.2 ms of a 55 ms SmolLM2 step on a 2-core CPU)
-        # by (whether a switch is due, the confidence bucket or None)
+        # by (whether a plain streak runs (a switch is due), the confidence bucket or None)
         self._best: dict[tuple[bool, int | None], tuple[TreeShape, float]] = {}
 
     # ------------------------------------------------------------------------------------------- observations
@@ -256,7 +252,6 @@ class RoundPlanner:
         """A plain step took `seconds` (its draft update excluded)."""
         self.plain_seconds.add(seconds)
         self.plain_streak += 1
-        self.switch_due = True
 
     def record_deferred_update(self, seconds: float, tokens: int) -> None:
         """Encoding the `tokens` of earlier plain steps into the draft took `seconds` (before a tree round)."""
@@ -274,10 +269,11 @@ class RoundPlanner:
         update_seconds: float,
         other_seconds: float,
         confidence: float | None = None,
+        blind: bool = True,
     ) -> None:
         """A tree round of `shape` accepted `accepted` draft tokens (the bonus token not counted) of a verified
         tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`). `confidence` is
-        the head's root confidence the tree was drafted from."""
+        the head's root confidence the tree was drafted from; `blind` whether the round was chosen without it."""
         self._best = {}
         self.verify_seconds.setdefault(shape.total_tokens, _Seconds(self.config.cost_window)).add(verify_seconds)
         # Level 1 comes from the logits the last draft update left (no head forward); each further level is one
@@ -295,40 +291,22 @@ class RoundPlanner:
             self.pooled_acceptance.add(accepted, tree_depth, self.config.decay)
             self.bucket_acceptance.setdefault(bucket, _Acceptance()).add(accepted, tree_depth, self.config.decay)
             self.buckets_met.add(bucket, self.config.decay)
+            if blind:
+                self.blind_buckets_met.add(bucket, self.config.decay)
         if self.plain_streak:  # a probe
             self.probe_interval = self._budgeted_probe_interval()
-        self.plain_streak, self.switch_due = 0, False
+        self.plain_streak = 0
         self.tree_rounds += 1
-
-    def record_peek(self, confidence: float) -> TreeShape:
-        """A tree was chosen blind, so the loop did the deferred draft update first and read the head's root
-        `confidence`; returns the round's shape now that it is known: the tree, or a plain step where the head is
-        unsure. A probe turned down this way cost only the update, and the next comes after the budgeted interval."""
-        self.switch_due, self.peeking = False, True
-        if self.config.use_confidence:
-            self.blind_buckets_met.add(confidence_bucket(confidence), self.config.decay)
-        probing = self.plain_streak >= self.probe_interval
-        shape = self.choose(confidence=confidence)
-        if shape.is_plain and probing:
-            self.probe_interval = self._budgeted_probe_interval()
-            self.plain_streak = 0
-        return shape
 
     def _budgeted_probe_interval(self) -> int:
         """Plain steps until the next probe: as many as make the expected loss of a probe against plain steps
-        `probe_budget` of the time, at most twice the last interval, within `[probe_interval, max_probe_interval]`.
-
-        A probe that peeks (the loop reads the head's confidence before drafting, `record_peek`) drafts only where
-        the tree is expected to pay, so it can lose only the deferred update it does first; a blind probe can lose
-        `seconds * (1 - r)` of its tree, `r` being the tree's estimated rate over plain steps'."""
+        `probe_budget` of the time, at most twice the last interval, within `[probe_interval, max_probe_interval]`."""
         config = self.config
         best, best_rate = self._best_tree()
         plain_rate, plain_seconds = self.plain_rate(), self.round_seconds(PLAIN_STEP)
         if math.isnan(best_rate) or math.isnan(plain_rate) or best_rate >= plain_rate:
             return config.probe_interval
         loss = self.round_seconds(best) * (1 - best_rate / plain_rate)
-        if self.peeking and config.use_confidence and self.switch_seconds.value is not None:
-            loss = min(loss, self.switch_seconds.value)
         budgeted = math.ceil(loss / (config.probe_budget * plain_seconds))
         return max(config.probe_interval, min(budgeted, 2 * self.probe_interval, config.max_probe_interval))
 
@@ -411,7 +389,7 @@ class RoundPlanner:
         if levels and self.level_seconds.value is None:
             return None  # no deeper tree measured yet
         draft = (self.root_seconds.value or 0.0) + (self.level_seconds.value or 0.0) * levels
-        switch = (self.switch_seconds.value or 0.0) if self.switch_due else 0.0  # the deferred draft update first
+        switch = (self.switch_seconds.value or 0.0) if self.plain_streak else 0.0  # the deferred draft update first
         return switch + verify + draft + (self.update_seconds.value or 0.0) + (self.other_seconds.value or 0.0)
 
     def _verify_estimate(self, total_tokens: int) -> float | None:
@@ -454,7 +432,7 @@ class RoundPlanner:
         tree estimates change only with tree rounds (a plain step moves only the one-node end of the verification
         line, from which node counts never measured are interpolated, so their estimates wait for the next tree
         round)."""
-        key = (self.switch_due, bucket)
+        key = (self.plain_streak > 0, bucket)
         if key not in self._best:
             rated = [(shape, self.rate(shape, bucket)) for shape in self._candidates()]
             rated = [(shape, rate) for shape, rate in rated if not math.isnan(rate)]

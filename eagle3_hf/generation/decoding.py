@@ -265,10 +265,9 @@ def eagle3_generate(
             (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
             place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
         tree_planner ([`RoundPlanner`], *optional*): the planner to ask for each round's shape (anything with its
-            `choose(confidence=)`, `record_plain`, `record_deferred_update` and `record_tree(..., confidence=)`
-            methods, and optionally `record_peek`, to be asked again after a blind tree choice); implies
-            `tree_adaptive`. By default each head and target keep one planner per shape space and temperature, so
-            what it measured carries over to later calls.
+            `choose(confidence=)`, `record_plain`, `record_deferred_update` and `record_tree(..., confidence=,
+            blind=)` methods); implies `tree_adaptive`. By default each head and target keep one planner per shape
+            space and temperature, so what it measured carries over to later calls.
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -507,17 +506,6 @@ class _TreeDecoder:
         self.phase_seconds["planner"].append(time.perf_counter() - start)
         return shape, confidence
 
-    def _peek(self) -> tuple[TreeShape, float]:
-        """A tree chosen blind: do the deferred draft update now, read the head's root confidence, and let the
-        planner choose again knowing it (`record_peek`: a plain step where the head is unsure). The update is
-        reported at once, as the switch it is; the round's own record then has none. Returns `(shape, confidence)`.
-        """
-        start = time.perf_counter()
-        flushed = self._flush_pending()
-        confidence = self._root_confidence()  # reads the head's logits: on a GPU this waits for the update
-        self.planner.record_deferred_update(time.perf_counter() - start, flushed)
-        return self.planner.record_peek(confidence), confidence
-
     def _root_confidence(self) -> float:
         """The head's root confidence at the temperature its trees are drawn with (greedy: 1)."""
         return self.drafter.root_confidence(self.config.temperature if self.config.do_sample else 1.0)
@@ -526,13 +514,12 @@ class _TreeDecoder:
         """Draft a tree (none for a plain step), verify it, accept a path and a bonus token, compact the cache,
         update the draft (deferred after plain steps), and tell the planner what it all cost."""
         shape, confidence = self._shape()
-        marks = [self.clock.mark()]
-        if confidence is None and not shape.is_plain and hasattr(self.planner, "record_peek"):
-            shape, confidence = self._peek()
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = 0 if shape.is_plain else max(0, min(shape.depth, remaining - 1))  # deeper could never be emitted
+        marks = [self.clock.mark()]
         flushed = self._flush_pending() if depth > 0 else 0
-        if confidence is None and depth > 0 and self.planner is not None:  # what the tree was drafted from
+        blind = confidence is None
+        if blind and depth > 0 and self.planner is not None:  # what the round was drafted from, for its record
             confidence = self._root_confidence()
         marks.append(self.clock.mark())
         # A plain step builds no tree (a root-only one only when the trees are returned): its bookkeeping would cost
@@ -572,7 +559,7 @@ class _TreeDecoder:
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
         tree_depth = 0 if tree is None else tree.depths.max()
-        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks, confidence))
+        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks, confidence, blind))
         self._read_rounds(final=stopped)
         return stopped
 
@@ -636,7 +623,7 @@ class _TreeDecoder:
         and reading them now would wait for it), or at the end; its planner record is one round late.
         """
         ready = self.unread if final or not self.clock.asynchronous else self.unread[:-1]
-        for shape, accepted, tree_depth, flushed, marks, confidence in ready:
+        for shape, accepted, tree_depth, flushed, marks, confidence, blind in ready:
             flush, draft, verify, other, update = self.clock.seconds(marks)
             phases = (("draft", flush + draft), ("verify", verify), ("update", update), ("other", other))
             for name, seconds in phases:
@@ -650,7 +637,7 @@ class _TreeDecoder:
                 # Charged to the tree, it grew with the plain streak and kept probes looking worse the longer it ran.
                 self.planner.record_deferred_update(flush, flushed)
                 self.planner.record_tree(
-                    shape, accepted, int(tree_depth), verify, draft, update, other, confidence=confidence
+                    shape, accepted, int(tree_depth), verify, draft, update, other, confidence=confidence, blind=blind
                 )
         self.unread = self.unread[len(ready) :]
 
