@@ -30,15 +30,15 @@ def test_prompt_lookup_rounds_keep_the_tokens_of_its_first_forward(tiny_target):
     assert tokens_per_round([0], 40, prompt_length=36) == [3]
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7]])
     for method in ("prompt_lookup", "plain"):
-        new_ids, _, rounds, _ = timed_generate(tiny_target, ids, method, 0.0, 12)
-        assert sum(rounds) == len(new_ids) - 1
+        measured = timed_generate(tiny_target, ids, method, 0.0, 12)
+        assert sum(measured.tokens_per_round) == len(measured.new_ids) - 1
 
 
 def test_plain_generate_has_one_token_per_round(tiny_target):
     ids = torch.tensor([[1, 2, 3]])
-    new_ids, seconds, rounds, shapes = timed_generate(tiny_target, ids, "plain", 0.0, 6)
+    new_ids, seconds, rounds, shapes, confidences = timed_generate(tiny_target, ids, "plain", 0.0, 6)
     assert len(new_ids) == 6 and seconds > 0
-    assert rounds == [1] * 5 and shapes is None  # the first new token comes from the prefill
+    assert rounds == [1] * 5 and shapes is None and confidences is None  # the first new token: the prefill's
 
 
 def test_record_rounds_removes_its_hook(tiny_target):
@@ -171,7 +171,9 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
     assert any(r["dataset"] == "mt_bench/writing" for r in rows)
     for record in records:  # the head's rounds record their shapes, one per round; other methods have none
         if record.method in ("tree", "tree_lookup", "adaptive"):
-            assert len(record.round_shapes) == len(record.tokens_per_round)
+            assert len(record.round_shapes) == len(record.tokens_per_round) == len(record.round_confidences)
+            drafted = [c for (_, depth), c in zip(record.round_shapes, record.round_confidences) if depth > 0]
+            assert all(0 < confidence <= 1 for confidence in drafted)  # every tree records what it was drafted from
         if record.method in ("tree", "tree_lookup"):  # a fixed shape drafts in every round but a last 1-token one
             assert all(depth > 0 for _, depth in record.round_shapes[:-1])
         if record.method in ("plain", "prompt_lookup"):

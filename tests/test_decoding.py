@@ -157,7 +157,7 @@ def test_the_planner_learns_the_heads_confidence_exactly_when_the_head_has_read_
     for sampling in (dict(do_sample=False), dict(do_sample=True, temperature=0.7, top_k=0)):
         planner = ScriptedPlanner(SHAPE_CYCLE)
         torch.manual_seed(0)
-        tree_generate(target, draft, prompt, 0.0, max_new_tokens=24, tree_planner=planner, **sampling)
+        out = tree_generate(target, draft, prompt, 0.0, max_new_tokens=24, tree_planner=planner, **sampling)
         shapes = [SHAPE_CYCLE[i % len(SHAPE_CYCLE)] for i in range(planner.calls)]
         after_tree = [False] + [not shape.is_plain for shape in shapes[:-1]]
         assert [c is not None for c in planner.confidences] == after_tree
@@ -167,6 +167,10 @@ def test_the_planner_learns_the_heads_confidence_exactly_when_the_head_has_read_
             assert blind == (not after_tree[i]) and 0.0 < confidence <= 1.0
             if not blind:
                 assert confidence == planner.confidences[i]
+        # the output records each round's: a tree's as drafted, a plain step's as chosen (None when blind)
+        drafted = iter(confidence for confidence, _ in planner.tree_confidences)
+        expected = [next(drafted) if not shape.is_plain else planner.confidences[i] for i, shape in enumerate(shapes)]
+        assert list(out.round_confidences) == expected
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3-sliding"])

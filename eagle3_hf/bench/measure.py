@@ -47,6 +47,8 @@ class GenerationRecord:
     # `(total_tokens, depth)` of each EAGLE-3 round, depth 0 a plain step (`None` for methods without the head's
     # rounds): which shapes the adaptive default chose, and how often it drafted at all
     round_shapes: list[tuple[int, int]] | None = None
+    # the head's root confidence of each of those rounds (`Eagle3GenerateOutput.round_confidences`)
+    round_confidences: list[float | None] | None = None
 
 
 class TimedGeneration(NamedTuple):
@@ -56,6 +58,7 @@ class TimedGeneration(NamedTuple):
     seconds: float
     tokens_per_round: list[int]  # accepted + 1 per round after the prefill
     round_shapes: list[tuple[int, int]] | None  # `GenerationRecord.round_shapes`
+    round_confidences: list[float | None] | None = None  # `GenerationRecord.round_confidences`
 
 
 @contextmanager
@@ -205,7 +208,9 @@ def timed_generate(
     rounds = tokens_per_round(lengths, sequences.shape[1], input_ids.shape[1])
     shapes = getattr(output, "round_shapes", None)
     shapes = None if shapes is None else [(shape.total_tokens, shape.depth) for shape in shapes]
-    return TimedGeneration(sequences[0, input_ids.shape[1] :], seconds, rounds, shapes)
+    confidences = getattr(output, "round_confidences", None)
+    confidences = None if confidences is None else list(confidences)
+    return TimedGeneration(sequences[0, input_ids.shape[1] :], seconds, rounds, shapes, confidences)
 
 
 def encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
@@ -277,6 +282,7 @@ def run_benchmark(
                             measured.seconds,
                             measured.tokens_per_round,
                             round_shapes=measured.round_shapes,
+                            round_confidences=measured.round_confidences,
                         )
                     )
                 if temperature == 0:

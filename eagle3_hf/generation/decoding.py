@@ -142,6 +142,10 @@ class Eagle3GenerateOutput(GenerateDecoderOnlyOutput):
         round_shapes (`tuple[TreeShape]`):
             The shape each round ran with (`TreeShape(total_tokens, depth)`; `depth=0` is a plain step without a
             draft, which the adaptive planner chooses when speculation does not pay).
+        round_confidences (`tuple[float | None]`):
+            Per round, the head's root confidence (`TreeDrafter.root_confidence`) the round's tree was drafted from,
+            or, for a plain step, the one it was chosen with (`None` when the head had not read the newest token:
+            a plain step after another, or the first round). What the planner's confidence buckets count.
         round_seconds (`dict[str, tuple[float]]`):
             Wall time of each round's phases: `"draft"` (growing the tree, with any deferred draft update),
             `"verify"` (the target's forward), `"update"` (encoding the accepted tokens into the draft), `"other"`
@@ -152,6 +156,7 @@ class Eagle3GenerateOutput(GenerateDecoderOnlyOutput):
     draft_trees: tuple[DraftTree, ...] | None = None
     accepted_paths: tuple[torch.LongTensor, ...] | None = None
     round_shapes: tuple[TreeShape, ...] | None = None
+    round_confidences: tuple[float | None, ...] | None = None
     round_seconds: dict[str, tuple[float, ...]] | None = None
 
     @property
@@ -428,6 +433,7 @@ class _TreeDecoder:
         self.accepted, self.trees, self.paths = [], [], []
         self.planner = planner
         self.shapes: list[TreeShape] = []
+        self.confidences: list[float | None] = []
         self.phase_seconds = {name: [] for name in ("draft", "verify", "update", "other", "planner")}
         # (tokens (1, T), features (1, T, F), keep (T,) or None) of the prompt and of plain steps, encoded into the
         # draft before its next tree
@@ -463,6 +469,7 @@ class _TreeDecoder:
             draft_trees=tuple(self.trees) if output_draft_trees else None,
             accepted_paths=tuple(self.paths) if output_draft_trees else None,
             round_shapes=tuple(self.shapes),
+            round_confidences=tuple(self.confidences),
             round_seconds={name: tuple(values) for name, values in self.phase_seconds.items()},
         )
 
@@ -519,7 +526,7 @@ class _TreeDecoder:
         marks = [self.clock.mark()]
         flushed = self._flush_pending() if depth > 0 else 0
         blind = confidence is None
-        if blind and depth > 0 and self.planner is not None:  # what the round was drafted from, for its record
+        if blind and depth > 0:  # what the round was drafted from, for its record (and the planner's)
             confidence = self._root_confidence()
         marks.append(self.clock.mark())
         # A plain step builds no tree (a root-only one only when the trees are returned): its bookkeeping would cost
@@ -558,6 +565,7 @@ class _TreeDecoder:
                 self.pending.append((new_tokens[None], features[path][None], None))
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
+        self.confidences.append(confidence)
         tree_depth = 0 if tree is None else tree.depths.max()
         self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks, confidence, blind))
         self._read_rounds(final=stopped)
