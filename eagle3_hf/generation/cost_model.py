@@ -39,9 +39,9 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   confidence under 0.2 produced 1.51 tokens at T=1 and 1.87 at T=0, one over 0.9 produced 2.80 and 2.83. So
   acceptance is also counted per confidence bucket (`CONFIDENCE_EDGES`), all shapes pooled, and a shape's rates are
   scaled by how a bucket's differ from all rounds'. A round whose confidence is known takes the shape, or the plain
-  step, that pays for that bucket: trees where the head is sure, plain steps where it is not. After a plain step the head has not read
-  the newest token (its update waits for the next tree), so the confidence is unknown: the estimate is then the
-  buckets' mixture in the proportions met by earlier rounds chosen without it ("blind" rounds).
+  step, that pays for that bucket: trees where the head is sure, plain steps where it is not. After a plain step
+  the head has not read the newest token (its update waits for the next tree), so the confidence is unknown: the
+  estimate is then the buckets' mixture in the proportions met by earlier rounds chosen without it ("blind" rounds).
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -69,7 +69,7 @@ class TreeShape:
 PLAIN_STEP = TreeShape(total_tokens=1, depth=0)
 
 # Bucket edges of the head's root confidence (its largest next-token probability). Five buckets: enough to tell the
-# rounds that lose from the ones that pay (measured tau per bucket on MT-bench T=1: 1.51 / 1.78 / 1.89 / 2.23 / 2.58),
+# rounds that lose from the ones that pay (measured tau per bucket on MT-bench T=1: 1.51 / 1.80 / 1.88 / 2.25 / 2.65),
 # few enough that each fills within a few answers.
 CONFIDENCE_EDGES = (0.2, 0.4, 0.6, 0.8)
 
