@@ -42,6 +42,15 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   step, that pays for that bucket: trees where the head is sure, plain steps where it is not. After a plain step
   the head has not read the newest token (its update waits for the next tree), so the confidence is unknown: the
   estimate is then the buckets' mixture in the proportions met by earlier rounds chosen without it ("blind" rounds).
+- **What trees really gained.** Estimates near break-even err towards trees: a tree is chosen when its estimate is
+  high, which is when the noise made it high, and a bucket's estimate borrows from rounds of other stretches. So the
+  planner also keeps the account of what the trees it chose really did: per tree round, the plain-step seconds its
+  tokens would have cost minus its own seconds (the deferred draft update before it included), summed with a decay
+  per round, against all rounds' seconds. While that account stands below `-probe_budget` of the time, trees are
+  treated as losing whatever the estimates say: plain steps, and probes whose interval is budgeted by the loss a
+  tree really had. Measured on the shipped SmolLM2 head at T=1 (session 12), the trees the estimates chose produced
+  1.8-1.9 tokens in rounds that cost 2.0-2.4 plain steps, 2-4% of the time lost; a tree that pays puts the account
+  back above the line at once.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.
@@ -190,6 +199,12 @@ class PlannerConfig:
             times the best's.
         use_confidence (`bool`): choose by the head's root confidence when the loop knows it (`choose(confidence=)`);
             `False` chooses every round blind, as the planner did before it knew confidences (for comparisons).
+        gain_decay (`float`): weight of the past, per round (plain or tree), in the account of what trees really
+            gained (see the module docstring); 0.99 looks back about a hundred rounds.
+        gain_min_trees (`float`): the (decayed) number of trees that account must hold before it can overrule the
+            estimates: one or two unlucky first trees are no evidence.
+        use_gain_account (`bool`): treat trees as losing while that account says they lose; `False` trusts the
+            estimates alone, as the planner did before (for comparisons).
     """
 
     decay: float = 0.95
@@ -202,6 +217,9 @@ class PlannerConfig:
     explore_every: int = 8
     explore_margin: float = 0.1
     use_confidence: bool = True
+    gain_decay: float = 0.99
+    gain_min_trees: float = 4.0
+    use_gain_account: bool = True
 
 
 class RoundPlanner:
@@ -242,6 +260,11 @@ class RoundPlanner:
         self.buckets_met, self.blind_buckets_met = _Histogram(), _Histogram()
         self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
+        # the account of what trees really gained (decayed per round): plain-step seconds their tokens would have
+        # cost minus their own seconds, how many trees that is, and all rounds' seconds; the deferred draft update
+        # recorded before the next tree is part of that tree's seconds
+        self.tree_gain, self.trees_counted, self.all_seconds = 0.0, 0.0, 0.0
+        self._switch_spent = 0.0
         # `_best_tree()` until the next tree round: a streak of plain steps asks for it every step, and it is the
         # planner's main cost (0.2 ms of a 55 ms SmolLM2 step on a 2-core CPU)
         # by (whether a plain streak runs (a switch is due), the confidence bucket or None)
@@ -252,11 +275,13 @@ class RoundPlanner:
         """A plain step took `seconds` (its draft update excluded)."""
         self.plain_seconds.add(seconds)
         self.plain_streak += 1
+        self._account(seconds)
 
     def record_deferred_update(self, seconds: float, tokens: int) -> None:
         """Encoding the `tokens` of earlier plain steps into the draft took `seconds` (before a tree round)."""
         if tokens:
             self.switch_seconds.add(seconds)
+            self._switch_spent = seconds
             self._best = {}
 
     def record_tree(
@@ -293,20 +318,47 @@ class RoundPlanner:
             self.buckets_met.add(bucket, self.config.decay)
             if blind:
                 self.blind_buckets_met.add(bucket, self.config.decay)
+        spent = self._switch_spent + verify_seconds + draft_seconds + update_seconds + other_seconds
+        self._switch_spent = 0.0
+        plain = self.plain_seconds.value
+        self._account(spent, None if plain is None else (1 + accepted) * plain - spent)
         if self.plain_streak:  # a probe
             self.probe_interval = self._budgeted_probe_interval()
         self.plain_streak = 0
         self.tree_rounds += 1
 
+    def _account(self, seconds: float, tree_gain: float | None = None) -> None:
+        """Age the account of what trees gained by one round of `seconds`, a tree that gained `tree_gain` seconds
+        over plain steps (`None`: a plain step, or a tree before any plain step priced the alternative)."""
+        decay = self.config.gain_decay
+        self.all_seconds = decay * self.all_seconds + seconds
+        self.tree_gain *= decay
+        self.trees_counted *= decay
+        if tree_gain is not None:
+            self.tree_gain += tree_gain
+            self.trees_counted += 1.0
+
+    @property
+    def trees_losing(self) -> bool:
+        """Whether the trees chosen lately lost more than `probe_budget` of the time against plain steps."""
+        if not self.config.use_gain_account or self.trees_counted < self.config.gain_min_trees:
+            return False
+        return self.tree_gain < -self.config.probe_budget * self.all_seconds
+
     def _budgeted_probe_interval(self) -> int:
         """Plain steps until the next probe: as many as make the expected loss of a probe against plain steps
-        `probe_budget` of the time, at most twice the last interval, within `[probe_interval, max_probe_interval]`."""
+        `probe_budget` of the time, at most twice the last interval, within `[probe_interval, max_probe_interval]`.
+        The loss is the estimate's, or while trees are losing what a tree really lost on average, if more."""
         config = self.config
         best, best_rate = self._best_tree()
         plain_rate, plain_seconds = self.plain_rate(), self.round_seconds(PLAIN_STEP)
-        if math.isnan(best_rate) or math.isnan(plain_rate) or best_rate >= plain_rate:
+        if math.isnan(best_rate) or math.isnan(plain_rate):
             return config.probe_interval
-        loss = self.round_seconds(best) * (1 - best_rate / plain_rate)
+        loss = self.round_seconds(best) * (1 - best_rate / plain_rate) if best_rate < plain_rate else 0.0
+        if self.trees_losing:
+            loss = max(loss, -self.tree_gain / self.trees_counted)
+        if loss <= 0:
+            return config.probe_interval
         budgeted = math.ceil(loss / (config.probe_budget * plain_seconds))
         return max(config.probe_interval, min(budgeted, 2 * self.probe_interval, config.max_probe_interval))
 
@@ -443,7 +495,8 @@ class RoundPlanner:
     # ------------------------------------------------------------------------------------------------- decision
     def choose(self, confidence: float | None = None) -> TreeShape:
         """The next round's shape: `PLAIN_STEP` or a tree. `confidence` is the head's root confidence when it is
-        known before the round (`None`: the round is chosen blind, and a losing tree is still probed now and then)."""
+        known before the round (`None`: the round is chosen blind, and a losing tree is still probed now and then).
+        While the trees chosen lately lost (`trees_losing`), every round is a plain step but those probes."""
         if not self.verify_seconds:
             return self.start  # the head's tuned shape first, then one plain step to price the alternative
         if self.plain_seconds.value is None:
@@ -451,7 +504,7 @@ class RoundPlanner:
         told = confidence is not None and self.config.use_confidence
         bucket = confidence_bucket(confidence) if told else None
         best, best_rate = self._best_tree(bucket)
-        if not best_rate > self.plain_rate():
+        if self.trees_losing or not best_rate > self.plain_rate():
             if bucket is None and self.plain_streak >= self.probe_interval:
                 return best
             return PLAIN_STEP

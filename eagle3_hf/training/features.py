@@ -317,9 +317,9 @@ def build_feature_cache(
     missing = [index for index in mine if not _is_whole_shard(cache_dir / plan.shard_name(index))]
     if verbose:
         print(plan.describe(cache_dir))
-        print(
-            f"{plan.num_shards - len(missing)} of {plan.num_shards} shard(s) already present; building {len(missing)}."
-        )
+        present = sum(_is_whole_shard(cache_dir / plan.shard_name(index)) for index in range(plan.num_shards))
+        share = "" if num_processes == 1 else f" ({len(mine)} of them this process's, 1 in {num_processes})"
+        print(f"{present} of {plan.num_shards} shard(s) already present; building {len(missing)}{share}.")
     needed = plan.estimated_bytes * len(missing) / max(plan.num_shards, 1)
     free = shutil.disk_usage(cache_dir).free
     if needed > free:
