@@ -5,14 +5,17 @@ Two measurements on SmolLM2-135M-Instruct with the shipped head, 96 new tokens p
 - `buckets`: rounds of the head's fixed tuned shape, grouped by the root confidence the planner is told
   (`RoundPlanner.choose(confidence=)`, `record_tree(confidence=)`): tokens per round in each confidence bucket.
   A planner that always answers the fixed shape records them through the public `tree_planner=` protocol.
-- `gating`: plain `generate`, the adaptive default, and the same planner kept blind
-  (`PlannerConfig(use_confidence=False)`: the planner before confidence gating), interleaved prompt by prompt with rotating order; speedups with their 95%
-  paired bootstrap intervals (`bench.measure.speedup_interval`).
+- `gating`: plain `generate`, the adaptive default, and the same planner with other `PlannerConfig` fields
+  (`--against`, by default `use_confidence=False`: the planner kept blind, as before confidence gating), interleaved
+  prompt by prompt with rotating order; speedups with their 95% paired bootstrap intervals
+  (`bench.measure.speedup_interval`).
 
     .venv/bin/python scripts/measure_confidence_gating.py --dataset mt_bench --temperature 1 --limit 16
+    .venv/bin/python scripts/measure_confidence_gating.py --measure gating --against use_gain_account=false
 """
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -72,10 +75,26 @@ def measure_buckets(target, tokenizer, draft, prompts, temperature: float, max_n
             print(f"| {span} | {len(tokens)} | {sum(tokens) / len(tokens):.2f} |")
 
 
-def measure_gating(target, tokenizer, draft, prompts, temperature: float, max_new_tokens: int) -> None:
-    blind = new_planner(target, resolve_tree_settings(draft, None, None, None), PlannerConfig(use_confidence=False))
-    methods = {"plain": {}, "adaptive": dict(assistant_model=draft), "blind": dict(assistant_model=draft)}
-    methods["blind"]["tree_planner"] = blind
+def planner_config(overrides: list[str]) -> PlannerConfig:
+    """`PlannerConfig` with `FIELD=VALUE` overrides (booleans as true/false, numbers as numbers)."""
+    fields = {field.name: field.type for field in dataclasses.fields(PlannerConfig)}
+    values = {}
+    for override in overrides:
+        name, _, text = override.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--against {override}: PlannerConfig has no field {name!r} (fields: {sorted(fields)}).")
+        kind = fields[name] if isinstance(fields[name], type) else type(getattr(PlannerConfig(), name))
+        values[name] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
+    return PlannerConfig(**values)
+
+
+def measure_gating(
+    target, tokenizer, draft, prompts, temperature: float, max_new_tokens: int, against: list[str]
+) -> None:
+    other = new_planner(target, resolve_tree_settings(draft, None, None, None), planner_config(against))
+    methods = {"plain": {}, "adaptive": dict(assistant_model=draft), "against": dict(assistant_model=draft)}
+    methods["against"]["tree_planner"] = other
+    print(f"against: the default planner with {' '.join(against)}")
     records, tree_rounds = [], {name: [0, 0] for name in methods}
     for index, prompt in enumerate([prompts[0], *prompts]):  # the first is a warm-up
         input_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}], target.device)
@@ -101,12 +120,12 @@ def measure_gating(target, tokenizer, draft, prompts, temperature: float, max_ne
             tree_rounds[name][1] += len(shapes)
     by_method = {name: [r for r in records if r.method == name] for name in methods}
     speed = {name: sum(r.new_tokens for r in rs) / sum(r.seconds for r in rs) for name, rs in by_method.items()}
-    for name in ("adaptive", "blind"):
+    for name in ("adaptive", "against"):
         low, high = speedup_interval(by_method[name], by_method["plain"])
         share = tree_rounds[name][0] / max(tree_rounds[name][1], 1)
         print(f"{name}: {speed[name] / speed['plain']:.3f}x plain ({low:.3f}-{high:.3f}), tree rounds {share:.0%}")
-    low, high = speedup_interval(by_method["adaptive"], by_method["blind"])
-    print(f"adaptive / blind: {speed['adaptive'] / speed['blind']:.3f} ({low:.3f}-{high:.3f})")
+    low, high = speedup_interval(by_method["adaptive"], by_method["against"])
+    print(f"adaptive / against: {speed['adaptive'] / speed['against']:.3f} ({low:.3f}-{high:.3f})")
 
 
 def main() -> None:
@@ -117,6 +136,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--measure", nargs="+", default=["buckets", "gating"], choices=["buckets", "gating"])
+    parser.add_argument(
+        "--against",
+        nargs="+",
+        default=["use_confidence=false"],
+        help="PlannerConfig FIELD=VALUE overrides of the planner the default is compared with",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer, draft = load_default_pair()
@@ -125,7 +150,7 @@ def main() -> None:
     if "buckets" in args.measure:
         measure_buckets(target, tokenizer, draft, prompts, args.temperature, args.max_new_tokens)
     if "gating" in args.measure:
-        measure_gating(target, tokenizer, draft, prompts, args.temperature, args.max_new_tokens)
+        measure_gating(target, tokenizer, draft, prompts, args.temperature, args.max_new_tokens, args.against)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The scaling claim on our target: held-out accuracy and simulated acceptance against training data (issue 17).
+
+Scores every saved checkpoint of one or more training runs with `eagle3-hf diagnose` (one JSON report per
+checkpoint, kept and reused: a rerun scores only new checkpoints), then plots held-out top-1 accuracy at
+training-time-test steps 0-2 and the simulated acceptance length against the conversations each checkpoint had
+seen, on a log scale, one line style per run, and prints the table.
+
+The runs are meant to be one pass over the data at a constant learning rate (`--lr_scheduler_type
+constant_with_warmup --num_train_epochs 1`), so that the checkpoint after `n` conversations is the head that `n`
+conversations make with this recipe.
+
+    python scripts/plot_scaling.py --run "TTT, 3 steps=runs/scaling/ttt3" --run "no TTT (1 step)=runs/scaling/ttt1" \
+        --steps 75 150 300 600 --conversations-per-step 4 --reference "shipped head=runs/diagnose/shipped.json" \
+        --output docs/images/scaling.png -- --data data/regenerated/sharegpt-turn1.jsonl.gz --data_offset 800 \
+        --data_limit 40 --heldout_limit 60 --max_length 512 --threads 2 --regenerated_dir runs/diagnose/answers
+
+Arguments after `--` go to `eagle3-hf diagnose` as they are.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def checkpoint_reports(run_dir: Path, steps: list[int] | None, diagnose_args: list[str]) -> dict[int, dict]:
+    """`{step: diagnose report}` for the checkpoints `run_dir/checkpoint-<step>` (all of them, or `steps`), scoring
+    those without a report in `run_dir/diagnose/` first."""
+    found = {
+        int(path.name.removeprefix("checkpoint-")): path for path in run_dir.glob("checkpoint-*") if path.is_dir()
+    }
+    wanted = sorted(found) if steps is None else steps
+    missing = [step for step in wanted if step not in found]
+    if missing:
+        raise SystemExit(f"{run_dir}: no checkpoint for steps {missing} (found {sorted(found)}).")
+    reports = {}
+    for step in wanted:
+        report = run_dir / "diagnose" / f"checkpoint-{step}.json"
+        if not report.exists():
+            command = ["eagle3-hf", "diagnose", "--head", str(found[step]), "--output", str(report), *diagnose_args]
+            print("$", " ".join(command), flush=True)
+            subprocess.run([sys.executable, "-m", "eagle3_hf.cli", *command[1:]], check=True)
+        reports[step] = json.loads(report.read_text(encoding="utf-8"))
+    return reports
+
+
+def table(rows: list[tuple[str, int | None, dict]]) -> str:
+    """Markdown: one row per (run, conversations seen or `None` for a reference head, report)."""
+    lines = [
+        "| run | conversations | train top-1, steps 0 / 1 / 2 | held-out top-1, steps 0 / 1 / 2 "
+        "| held-out top-8, step 0 | held-out acceptance (simulated) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, conversations, report in rows:
+        train, heldout = report["splits"]["train"], report["splits"]["heldout"]
+        lines.append(
+            f"| {label} | {'-' if conversations is None else f'{conversations:,}'} | {' / '.join(f'{v:.3f}' for v in train['top1'][:3])} "
+            f"| {' / '.join(f'{v:.3f}' for v in heldout['top1'][:3])} | {heldout['top8'][0]:.3f} "
+            f"| {heldout['acceptance_length']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict[int, dict]], per_step: int, references: dict[str, dict], output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (accuracy_axes, acceptance_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
+    styles = ["-", "--", ":", "-."]
+    colors = ["tab:blue", "tab:orange", "tab:green"]
+    for style, (label, reports) in zip(styles, runs.items()):
+        seen = [step * per_step for step in reports]
+        for k, color in enumerate(colors):
+            values = [report["splits"]["heldout"]["top1"][k] for report in reports.values()]
+            accuracy_axes.plot(seen, values, style, marker="o", color=color, label=f"{label}, step {k}")
+        acceptance = [report["splits"]["heldout"]["acceptance_length"] for report in reports.values()]
+        acceptance_axes.plot(seen, acceptance, style, marker="o", color="black", label=label)
+    for name, report in references.items():
+        accuracy_axes.axhline(report["splits"]["heldout"]["top1"][0], color="gray", lw=0.8, label=f"{name}, step 0")
+        acceptance_axes.axhline(report["splits"]["heldout"]["acceptance_length"], color="gray", lw=0.8, label=name)
+    for axes, ylabel in ((accuracy_axes, "held-out top-1 accuracy"), (acceptance_axes, "held-out acceptance length")):
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("training conversations seen (one pass)")
+        axes.set_ylabel(ylabel)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7)
+    accuracy_axes.set_title("Draft top-1 vs the target's greedy token")
+    acceptance_axes.set_title("Simulated greedy-chain acceptance (7 steps)")
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=110)
+    print(f"Plot written to {output}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, diagnose_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", action="append", required=True, help="LABEL=RUN_DIR (a training output_dir)")
+    parser.add_argument("--steps", type=int, nargs="+", help="checkpoint steps to score (default: all)")
+    parser.add_argument("--conversations-per-step", type=int, required=True, help="the run's total batch size")
+    parser.add_argument("--reference", action="append", default=[], help="LABEL=REPORT.json: a horizontal line")
+    parser.add_argument("--output", type=Path, required=True, help="PNG to write")
+    args = parser.parse_args(own)
+    runs, rows = {}, []
+    for spec in args.run:
+        label, _, run_dir = spec.partition("=")
+        runs[label] = checkpoint_reports(Path(run_dir), args.steps, diagnose_args)
+        rows += [(label, step * args.conversations_per_step, report) for step, report in runs[label].items()]
+    references = {}
+    for spec in args.reference:
+        label, _, path = spec.partition("=")
+        references[label] = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows.append((label, None, references[label]))
+    print(table(rows))
+    plot(runs, args.conversations_per_step, references, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
