@@ -16,6 +16,7 @@ Two measurements on SmolLM2-135M-Instruct with the shipped head, 96 new tokens p
 
 import argparse
 import dataclasses
+import json
 import time
 
 import torch
@@ -48,6 +49,13 @@ class FixedShapeRecorder:
 
 def sampling_kwargs(temperature: float) -> dict:
     return dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+
+
+def length_kwargs(max_new_tokens: int, ignore_eos: bool) -> dict:
+    """Exactly `max_new_tokens` with `ignore_eos` (the end of turn is masked, for every method alike): sampled
+    answers of different lengths (an early end of turn puts the prompt's prefill on a few tokens) scatter the
+    per-prompt ratios far more than the decoding does."""
+    return dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens if ignore_eos else 0)
 
 
 def measure_buckets(target, tokenizer, draft, prompts, temperature: float, max_new_tokens: int) -> None:
@@ -89,8 +97,8 @@ def planner_config(overrides: list[str]) -> PlannerConfig:
 
 
 def measure_gating(
-    target, tokenizer, draft, prompts, temperature: float, max_new_tokens: int, against: list[str]
-) -> None:
+    target, tokenizer, draft, prompts, temperature: float, lengths: dict, against: list[str]
+) -> list[GenerationRecord]:
     other = new_planner(target, resolve_tree_settings(draft, None, None, None), planner_config(against))
     methods = {"plain": {}, "adaptive": dict(assistant_model=draft), "against": dict(assistant_model=draft)}
     methods["against"]["tree_planner"] = other
@@ -105,8 +113,8 @@ def measure_gating(
             output = target.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=max_new_tokens,
                 return_dict_in_generate=True,
+                **lengths,
                 **sampling_kwargs(temperature),
                 **methods[name],
             )
@@ -126,6 +134,7 @@ def measure_gating(
         print(f"{name}: {speed[name] / speed['plain']:.3f}x plain ({low:.3f}-{high:.3f}), tree rounds {share:.0%}")
     low, high = speedup_interval(by_method["adaptive"], by_method["against"])
     print(f"adaptive / against: {speed['adaptive'] / speed['against']:.3f} ({low:.3f}-{high:.3f})")
+    return records
 
 
 def main() -> None:
@@ -142,15 +151,29 @@ def main() -> None:
         default=["use_confidence=false"],
         help="PlannerConfig FIELD=VALUE overrides of the planner the default is compared with",
     )
+    parser.add_argument("--output", help="JSON file for the gating runs' per-generation records")
+    parser.add_argument("--ignore-eos", action="store_true", help="gating: generate exactly --max-new-tokens")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer, draft = load_default_pair()
     prompts = load_prompts([args.dataset], limit=args.limit, num_turns=1)
-    print(f"{args.dataset}, T={args.temperature:g}, {len(prompts)} prompts, {args.max_new_tokens} new tokens")
+    eos = " (end of turn ignored)" if args.ignore_eos else ""
+    print(f"{args.dataset}, T={args.temperature:g}, {len(prompts)} prompts, {args.max_new_tokens} new tokens{eos}")
     if "buckets" in args.measure:
         measure_buckets(target, tokenizer, draft, prompts, args.temperature, args.max_new_tokens)
     if "gating" in args.measure:
-        measure_gating(target, tokenizer, draft, prompts, args.temperature, args.max_new_tokens, args.against)
+        records = measure_gating(
+            target,
+            tokenizer,
+            draft,
+            prompts,
+            args.temperature,
+            length_kwargs(args.max_new_tokens, args.ignore_eos),
+            args.against,
+        )
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as file:
+                json.dump([dataclasses.asdict(record) for record in records], file, indent=1)
 
 
 if __name__ == "__main__":
