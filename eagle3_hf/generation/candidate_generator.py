@@ -117,6 +117,12 @@ class Eagle3CandidateGenerator(CandidateGenerator):
         self._vocab_size = draft.config.vocab_size
 
     @property
+    def num_drafting_tokens(self) -> int:
+        """Tokens drafted per round, which `generate` (transformers >= 5.25) reads to size the target cache's record
+        of past states for rollback: the chain's length."""
+        return self.num_assistant_tokens
+
+    @property
     def mean_accepted_length(self) -> float:
         """τ: mean tokens gained per verify round, bonus included (`mean(num_matches) + 1`); 0.0 before any."""
         if not self.num_matches:
