@@ -85,13 +85,15 @@ def measure_buckets(target, tokenizer, draft, prompts, temperature: float, max_n
 
 def planner_config(overrides: list[str]) -> PlannerConfig:
     """`PlannerConfig` with `FIELD=VALUE` overrides (booleans as true/false, numbers as numbers)."""
-    fields = {field.name: field.type for field in dataclasses.fields(PlannerConfig)}
+    defaults = dataclasses.asdict(PlannerConfig())
     values = {}
     for override in overrides:
         name, _, text = override.partition("=")
-        if name not in fields:
-            raise SystemExit(f"--against {override}: PlannerConfig has no field {name!r} (fields: {sorted(fields)}).")
-        kind = fields[name] if isinstance(fields[name], type) else type(getattr(PlannerConfig(), name))
+        if name not in defaults:
+            raise SystemExit(
+                f"--against {override}: PlannerConfig has no field {name!r} (fields: {sorted(defaults)})."
+            )
+        kind = type(defaults[name])
         values[name] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
     return PlannerConfig(**values)
 

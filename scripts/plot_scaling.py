@@ -10,8 +10,8 @@ constant_with_warmup --num_train_epochs 1`), so that the checkpoint after `n` co
 conversations make with this recipe.
 
     python scripts/plot_scaling.py --run "TTT, 3 steps=runs/scaling/ttt3" --run "no TTT (1 step)=runs/scaling/ttt1" \
-        --steps 75 150 300 600 --conversations-per-step 4 --reference "shipped head=runs/diagnose/shipped.json" \
-        --output docs/images/scaling.png -- --data data/regenerated/sharegpt-turn1.jsonl.gz --data_offset 800 \
+        --steps 75 150 300 600 1200 --conversations-per-step 4 --reference "shipped head=runs/scaling/shipped.json" \
+        --output model_cards/eagle3-SmolLM2-135M-Instruct/scaling/scaling.png -- --data data/regenerated/sharegpt-turn1.jsonl.gz --data_offset 800 \
         --data_limit 4 --heldout_limit 60 --max_length 512 --threads 2 --regenerated_dir runs/diagnose/answers
 
 Arguments after `--` go to `eagle3-hf diagnose` as they are. The table and the plot use the held-out side only: in

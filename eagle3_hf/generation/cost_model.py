@@ -49,8 +49,8 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   per round, against all rounds' seconds. While that account stands below `-probe_budget` of the time, trees are
   treated as losing whatever the estimates say: plain steps, and probes whose interval is budgeted by the loss a
   tree really had. Measured on the shipped SmolLM2 head at T=1 (session 12), the trees the estimates chose produced
-  1.8-1.9 tokens in rounds that cost 2.0-2.4 plain steps, 2-4% of the time lost; a tree that pays puts the account
-  back above the line at once.
+  1.8-1.9 tokens in rounds that cost 2.0-2.4 plain steps, 2-4% of the time lost; a tree or two that pay put the
+  account back above the line.
 
 Only what happened before a round decides its shape, never anything of the round itself, so decoding stays exact:
 greedy output bit-identical to plain `generate`, and the target's distribution when sampling.

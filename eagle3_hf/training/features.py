@@ -313,13 +313,13 @@ def build_feature_cache(
     _check_or_write_plan(cache_dir, plan)
     if (cache_dir / MANIFEST_FILE).exists():
         return FeatureCache(cache_dir)
+    whole = {index for index in range(plan.num_shards) if _is_whole_shard(cache_dir / plan.shard_name(index))}
     mine = range(process_index, plan.num_shards, num_processes)
-    missing = [index for index in mine if not _is_whole_shard(cache_dir / plan.shard_name(index))]
+    missing = [index for index in mine if index not in whole]
     if verbose:
         print(plan.describe(cache_dir))
-        present = sum(_is_whole_shard(cache_dir / plan.shard_name(index)) for index in range(plan.num_shards))
         share = "" if num_processes == 1 else f" ({len(mine)} of them this process's, 1 in {num_processes})"
-        print(f"{present} of {plan.num_shards} shard(s) already present; building {len(missing)}{share}.")
+        print(f"{len(whole)} of {plan.num_shards} shard(s) already present; building {len(missing)}{share}.")
     needed = plan.estimated_bytes * len(missing) / max(plan.num_shards, 1)
     free = shutil.disk_usage(cache_dir).free
     if needed > free:
