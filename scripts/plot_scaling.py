@@ -7,10 +7,12 @@ seen, on a log scale, one line style per run, and prints the table.
 
 The runs are meant to be one pass over the data at a constant learning rate (`--lr_scheduler_type
 constant_with_warmup --num_train_epochs 1`), so that the checkpoint after `n` conversations is the head that `n`
-conversations make with this recipe.
+conversations make with this recipe. A head trained otherwise (the same pass ending on a decayed rate, say) can be
+added as a single marker with `--point "LABEL=CONVERSATIONS:REPORT.json"`.
 
     python scripts/plot_scaling.py --run "TTT, 3 steps=runs/scaling/ttt3" --run "no TTT (1 step)=runs/scaling/ttt1" \
         --steps 75 150 300 600 1200 --conversations-per-step 4 --reference "shipped head=runs/scaling/shipped.json" \
+        --point "TTT, decayed end=4828:runs/scaling/ttt3-decay/diagnose-1207.json" \
         --output model_cards/eagle3-SmolLM2-135M-Instruct/scaling/scaling.png -- --data data/regenerated/sharegpt-turn1.jsonl.gz --data_offset 800 \
         --data_limit 4 --heldout_limit 60 --max_length 512 --threads 2 --regenerated_dir runs/diagnose/answers
 
@@ -63,7 +65,13 @@ def table(rows: list[tuple[str, int | None, dict]]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, dict[int, dict]], per_step: int, references: dict[str, dict], output: Path) -> None:
+def plot(
+    runs: dict[str, dict[int, dict]],
+    per_step: int,
+    references: dict[str, dict],
+    output: Path,
+    points: dict[str, tuple[int, dict]] | None = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,6 +90,12 @@ def plot(runs: dict[str, dict[int, dict]], per_step: int, references: dict[str, 
     for name, report in references.items():
         accuracy_axes.axhline(report["splits"]["heldout"]["top1"][0], color="gray", lw=0.8, label=f"{name}, step 0")
         acceptance_axes.axhline(report["splits"]["heldout"]["acceptance_length"], color="gray", lw=0.8, label=name)
+    for marker, (name, (conversations, report)) in zip("*Dsp", (points or {}).items()):
+        for k, color in enumerate(colors):
+            value = report["splits"]["heldout"]["top1"][k]
+            accuracy_axes.plot([conversations], [value], marker, color=color, ms=9, label=f"{name}, step {k}")
+        acceptance = report["splits"]["heldout"]["acceptance_length"]
+        acceptance_axes.plot([conversations], [acceptance], marker, color="black", ms=9, label=name)
     seen = sorted({step * per_step for reports in runs.values() for step in reports})
     for axes, ylabel in ((accuracy_axes, "held-out top-1 accuracy"), (acceptance_axes, "held-out acceptance length")):
         axes.set_xscale("log", base=2)
@@ -107,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, nargs="+", help="checkpoint steps to score (default: all)")
     parser.add_argument("--conversations-per-step", type=int, required=True, help="the run's total batch size")
     parser.add_argument("--reference", action="append", default=[], help="LABEL=REPORT.json: a horizontal line")
+    parser.add_argument(
+        "--point",
+        action="append",
+        default=[],
+        help="LABEL=CONVERSATIONS:REPORT.json: one head trained otherwise (e.g. a decayed end), a marker at that x",
+    )
     parser.add_argument("--output", type=Path, required=True, help="PNG to write")
     args = parser.parse_args(own)
     runs, rows = {}, []
@@ -119,8 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         label, _, path = spec.partition("=")
         references[label] = json.loads(Path(path).read_text(encoding="utf-8"))
         rows.append((label, None, references[label]))
+    points = {}
+    for spec in args.point:
+        label, _, rest = spec.partition("=")
+        conversations, _, path = rest.partition(":")
+        if not conversations.isdigit() or not path:
+            parser.error(f"--point {spec!r}: expected LABEL=CONVERSATIONS:REPORT.json")
+        points[label] = (int(conversations), json.loads(Path(path).read_text(encoding="utf-8")))
+        rows.append((label, int(conversations), points[label][1]))
     print(table(rows))
-    plot(runs, args.conversations_per_step, references, args.output)
+    plot(runs, args.conversations_per_step, references, args.output, points)
     return 0
 
 
