@@ -1,4 +1,5 @@
-"""Does the head's root confidence predict acceptance, and does the adaptive default gain by knowing it?
+"""Measure the adaptive default's planner: what the head's root confidence predicts, A/B against other settings,
+and what its trees really gained.
 
 Two measurements on SmolLM2-135M-Instruct with the shipped head, 96 new tokens per prompt:
 
@@ -8,10 +9,13 @@ Two measurements on SmolLM2-135M-Instruct with the shipped head, 96 new tokens p
 - `gating`: plain `generate`, the adaptive default, and the same planner with other `PlannerConfig` fields
   (`--against`, by default `use_confidence=False`: the planner kept blind, as before confidence gating), interleaved
   prompt by prompt with rotating order; speedups with their 95% paired bootstrap intervals
-  (`bench.measure.speedup_interval`).
+  (`bench.measure.speedup_interval`), and for both planners what their tree rounds really gained: the tokens
+  they produced against the plain steps their seconds would have paid for (from `Eagle3GenerateOutput`'s
+  `round_seconds`, `round_shapes` and `num_accepted_tokens`), as a share of all the planner's time.
 
-    .venv/bin/python scripts/measure_confidence_gating.py --dataset mt_bench --temperature 1 --limit 16
-    .venv/bin/python scripts/measure_confidence_gating.py --measure gating --against use_gain_account=false
+    .venv/bin/python scripts/measure_planner.py --dataset mt_bench --temperature 1 --limit 16
+    .venv/bin/python scripts/measure_planner.py --measure gating --against use_gain_account=false
+    .venv/bin/python scripts/measure_planner.py --dataset sharegpt --measure gating --ignore-eos
 """
 
 import argparse
@@ -98,6 +102,40 @@ def planner_config(overrides: list[str]) -> PlannerConfig:
     return PlannerConfig(**values)
 
 
+class RoundTally:
+    """Per-round totals of one method's generations: plain steps' seconds, and the trees' seconds and tokens."""
+
+    def __init__(self):
+        self.plain_seconds, self.plain_steps = 0.0, 0
+        self.tree_seconds, self.tree_tokens, self.trees = 0.0, 0, 0
+        self.generation_seconds = 0.0
+
+    def add(self, output, seconds: float) -> None:
+        phases = output.round_seconds
+        for index, (shape, tokens) in enumerate(zip(output.round_shapes, output.num_accepted_tokens.tolist())):
+            round_seconds = sum(values[index] for values in phases.values())
+            if shape.is_plain:
+                self.plain_seconds, self.plain_steps = self.plain_seconds + round_seconds, self.plain_steps + 1
+            else:
+                self.tree_seconds, self.tree_tokens = self.tree_seconds + round_seconds, self.tree_tokens + tokens
+                self.trees += 1
+        self.generation_seconds += seconds
+
+    def summary(self) -> str:
+        """Tree rounds and what they gained against the mean plain step of these same generations."""
+        rounds = self.plain_steps + self.trees
+        text = f"tree rounds {self.trees} of {rounds} ({self.trees / max(rounds, 1):.0%})"
+        if not self.trees or not self.plain_steps:
+            return text
+        plain_step = self.plain_seconds / self.plain_steps
+        worth = self.tree_seconds / plain_step
+        gain = (self.tree_tokens - worth) * plain_step / self.generation_seconds
+        return (
+            f"{text}: {self.tree_tokens} tokens in the time of {worth:.1f} plain steps of {plain_step * 1000:.1f} ms,"
+            f" {gain:+.2%} of the time gained"
+        )
+
+
 def measure_gating(
     target, tokenizer, draft, prompts, temperature: float, lengths: dict, against: list[str]
 ) -> list[GenerationRecord]:
@@ -105,7 +143,8 @@ def measure_gating(
     methods = {"plain": {}, "adaptive": dict(assistant_model=draft), "against": dict(assistant_model=draft)}
     methods["against"]["tree_planner"] = other
     print(f"against: the default planner with {' '.join(against)}")
-    records, tree_rounds = [], {name: [0, 0] for name in methods}
+    records = []
+    rounds = {name: RoundTally() for name in methods}
     for index, prompt in enumerate([prompts[0], *prompts]):  # the first is a warm-up
         input_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}], target.device)
         names = list(methods)
@@ -124,19 +163,27 @@ def measure_gating(
             if index == 0:
                 continue
             new_tokens = output.sequences.shape[1] - input_ids.shape[1]
-            records.append(GenerationRecord("", str(index), "", 0, name, temperature, 0, new_tokens, seconds))
-            shapes = getattr(output, "round_shapes", None) or ()
-            tree_rounds[name][0] += sum(not shape.is_plain for shape in shapes)
-            tree_rounds[name][1] += len(shapes)
+            shapes = getattr(output, "round_shapes", None)
+            record = GenerationRecord("", str(index), "", 0, name, temperature, 0, new_tokens, seconds)
+            if shapes is not None:
+                record.tokens_per_round = output.num_accepted_tokens.tolist()
+                record.round_shapes = [(shape.total_tokens, shape.depth) for shape in shapes]
+                rounds[name].add(output, seconds)
+            records.append(record)
     by_method = {name: [r for r in records if r.method == name] for name in methods}
     speed = {name: sum(r.new_tokens for r in rs) / sum(r.seconds for r in rs) for name, rs in by_method.items()}
     for name in ("adaptive", "against"):
-        low, high = speedup_interval(by_method[name], by_method["plain"])
-        share = tree_rounds[name][0] / max(tree_rounds[name][1], 1)
-        print(f"{name}: {speed[name] / speed['plain']:.3f}x plain ({low:.3f}-{high:.3f}), tree rounds {share:.0%}")
-    low, high = speedup_interval(by_method["adaptive"], by_method["against"])
-    print(f"adaptive / against: {speed['adaptive'] / speed['against']:.3f} ({low:.3f}-{high:.3f})")
+        interval = _interval_text(by_method[name], by_method["plain"])
+        print(f"{name}: {speed[name] / speed['plain']:.3f}x plain{interval}; {rounds[name].summary()}")
+    interval = _interval_text(by_method["adaptive"], by_method["against"])
+    print(f"adaptive / against: {speed['adaptive'] / speed['against']:.3f}{interval}")
     return records
+
+
+def _interval_text(method: list[GenerationRecord], reference: list[GenerationRecord]) -> str:
+    """` (low-high)`: the 95% paired bootstrap interval, or nothing with fewer than 3 prompts."""
+    interval = speedup_interval(method, reference)
+    return "" if interval is None else f" ({interval[0]:.3f}-{interval[1]:.3f})"
 
 
 def main() -> None:
