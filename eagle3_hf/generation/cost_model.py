@@ -376,14 +376,17 @@ class RoundPlanner:
         if shape.is_plain:
             return 0.0
         rates = self._rates(shape)
+        weight = self.config.prior_weight
+        # all rounds' rates with known confidence, all shapes pooled (leaning on `shape`'s own): what every bucket's
+        # rates are compared with
+        pooled = self.pooled_acceptance.rates(len(rates), rates, weight)
         if bucket is not None:
-            return _reach_sum(self._bucket_rates(shape, bucket, rates))
+            return _reach_sum(self._bucket_rates(bucket, rates, pooled))
         met, blind = self.buckets_met, self.blind_buckets_met
         if met.total == 0:
             return _reach_sum(rates)
-        weight = self.config.prior_weight
         mixture = [blind.counts[b] + weight * met.counts[b] / met.total for b in range(len(met.counts))]
-        return sum(w * _reach_sum(self._bucket_rates(shape, b, rates)) for b, w in enumerate(mixture) if w) / sum(
+        return sum(w * _reach_sum(self._bucket_rates(b, rates, pooled)) for b, w in enumerate(mixture) if w) / sum(
             mixture
         )
 
@@ -400,16 +403,14 @@ class RoundPlanner:
         source = counts if counts.weight > 0 or reference is None else self.acceptance[reference]
         return rates + source.extension_rates(shape.depth, rates[-1], self.config.prior_weight)
 
-    def _bucket_rates(self, shape: TreeShape, bucket: int, overall: list[float]) -> list[float]:
-        """`shape`'s rates `overall` for a root confidence in `bucket`: each position's rate times the factor by which
-        that bucket's rate differs from all rounds' at that position, all shapes pooled (so that a bucket's evidence
-        serves every shape at once, and a shape explored once is not judged by one round per bucket)."""
+    def _bucket_rates(self, bucket: int, overall: list[float], pooled: list[float]) -> list[float]:
+        """A shape's rates `overall` for a root confidence in `bucket`: each position's rate times the factor by which
+        that bucket's rate differs from `pooled`, all rounds' at that position, all shapes pooled (so that a bucket's
+        evidence serves every shape at once, and a shape explored once is not judged by one round per bucket)."""
         counts = self.bucket_acceptance.get(bucket)
         if counts is None or counts.weight == 0:
             return overall
-        weight = self.config.prior_weight
-        pooled = self.pooled_acceptance.rates(len(overall), overall, weight)
-        in_bucket = counts.rates(len(overall), pooled, weight)
+        in_bucket = counts.rates(len(overall), pooled, self.config.prior_weight)
         return [
             min(1.0, rate * (own / all_ if all_ > 0 else 1.0)) for rate, own, all_ in zip(overall, in_bucket, pooled)
         ]
