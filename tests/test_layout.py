@@ -165,6 +165,20 @@ def test_every_dotted_path_the_docs_name_exists():
     assert failures == []
 
 
+def documented_repository_paths() -> list[tuple[str, str]]:
+    """`(document, "scripts/x.py")` for every path into the repository's own folders written in backticks in the docs,
+    the card and the data README (a path may be followed by arguments or a `:line`)."""
+    documents = [*DOCUMENTS, *sorted((ROOT / "model_cards").glob("*/README.md")), ROOT / "data/regenerated/README.md"]
+    pattern = re.compile(r"`(?:python )?((?:eagle3_hf|scripts|tests|docs|model_cards|notebooks)/[\w./-]*[\w/])")
+    return [(document.name, path) for document in documents for path in pattern.findall(document.read_text())]
+
+
+def test_every_repository_path_the_docs_name_exists():
+    paths = documented_repository_paths()
+    assert len(paths) > 20  # the docs do name files
+    assert [f"{document}: {path}" for document, path in paths if not (ROOT / path).exists()] == []
+
+
 def test_the_top_level_public_names():
     import eagle3_hf
 

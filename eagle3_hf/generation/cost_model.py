@@ -29,7 +29,7 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   The deferred draft update that plain steps leave (their tokens are encoded into the head, in one forward, when
   the next tree is drafted) is the cost of switching back: its seconds are added to every tree's estimate while a
   plain streak runs, and to nothing else. One more plain step adds next to nothing to that batched forward, so
-  charging its mean per token to plain steps (session 10) made them look 5-7% dearer whenever streaks were short,
+  charging its mean per token to plain steps (session 10) made them look 5-8% dearer whenever streaks were short,
   and kept the planner in trees that lose at T=1.
 
 - **The head's confidence.** Right after a tree round the head has already read the accepted tokens, and its
