@@ -1,5 +1,6 @@
 """Regeneration: the target answers each user turn (batched, multi-turn), JSONL output, resume after interruption."""
 
+import copy
 import json
 import logging
 
@@ -150,6 +151,22 @@ class TestRegenerate:
             regenerate(model, tokenizer, other_data, path, config, progress=False)
         assert path.read_text() == written  # nothing appended
         assert regenerate(model, tokenizer, SOURCE, path, config, progress=False).skipped_done == 2  # same: resumes
+
+    def test_resume_in_another_dtype_refuses_to_mix(self, target, tmp_path):
+        model, tokenizer = target
+        path = tmp_path / "out.jsonl"
+        config = make_generation_config(model, tokenizer, max_new_tokens=2)
+        regenerate(model, tokenizer, SOURCE, path, config, limit=1, progress=False)
+        assert [record["dtype"] for record in read_jsonl(path)] == ["float32"]
+        written = path.read_text()
+        half = copy.deepcopy(model).to(torch.bfloat16)
+        with pytest.raises(ValueError, match=r"out.jsonl .*'dtype': 'float32' there, 'bfloat16' in this run"):
+            regenerate(half, tokenizer, SOURCE, path, config, progress=False)
+        assert path.read_text() == written
+        # records of older versions carry no dtype: not checked, and the new ones say theirs
+        path.write_text("".join(line.replace(', "dtype": "float32"', "") + "\n" for line in written.splitlines()))
+        assert regenerate(half, tokenizer, SOURCE, path, config, limit=3, progress=False).written == 1
+        assert [record.get("dtype") for record in read_jsonl(path)] == [None, "bfloat16"]
 
     def test_offset_limit_keep_source_indices(self, target, tmp_path):
         model, tokenizer = target

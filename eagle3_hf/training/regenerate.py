@@ -66,13 +66,14 @@ class _Conversation:
         self.finish_reasons.append(finish_reason)
         self.done = len(self.finish_reasons) == len(self.user_turns)
 
-    def to_record(self, model_name: str) -> dict[str, Any]:
+    def to_record(self, model_name: str, dtype: str) -> dict[str, Any]:
         return {
             "index": self.index,
             "id": self.id,
             "messages": self.messages,
             "finish_reasons": self.finish_reasons,
             "model": model_name,
+            "dtype": dtype,
         }
 
 
@@ -87,11 +88,22 @@ def completed_indices(path: str | os.PathLike) -> set[int]:
 
 
 def _completed_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
-    """`completed_indices`, each with the record's `model` and first user turn (what a resumed run must match)."""
+    """`completed_indices`, each with the record's `model`, `dtype` and first user turn (what a resumed run must
+    match; `None` for a field that records written by older versions lack)."""
     records = read_appended_records(path, "regeneration record")
     return {
-        int(record["index"]): {"model": record.get("model"), "user": first_user_turn(record)} for record in records
+        int(record["index"]): {
+            "model": record.get("model"),
+            "dtype": record.get("dtype"),
+            "user": first_user_turn(record),
+        }
+        for record in records
     }
+
+
+def model_dtype(model) -> str:
+    """The name of the dtype `model` computes in (`"float32"`, `"bfloat16"`, ...), as regeneration records it."""
+    return str(model.dtype).removeprefix("torch.")
 
 
 def _mixed_output_error(path: str | os.PathLike, field: str, written: Any, current: Any) -> ValueError:
@@ -223,10 +235,12 @@ def regenerate(
         model, tokenizer: the target and its tokenizer (which needs a chat template).
         source: anything `eagle3_hf.training.records.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
             Assistant turns in it are discarded; user turns (and a leading system message) are kept.
-        output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model"}`, where
-            `index` is the record's position in the source. Conversations already in the file are skipped (resume);
-            `ValueError` if the file was written by another model (`model.name_or_path`) or holds another first
-            user turn at an index of this run (other data).
+        output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model", "dtype"}`,
+            where `index` is the record's position in the source and `dtype` the one the model computed in (its
+            answers differ with it: a bfloat16 SmolLM2 answers differently from float32 after a third of the
+            answer on average). Conversations already in the file are skipped (resume); `ValueError` if the file was
+            written by another model (`model.name_or_path`) or in another dtype, or holds another first user turn at
+            an index of this run (other data). Records of older versions carry no `dtype` and are not checked for it.
         generation_config: from `make_generation_config` (greedy, 512 new tokens by default).
         offset, limit: the slice of the source to regenerate (keep a held-out slice out of training this way).
         batch_size: conversations answered per `generate` call (left padding); finished ones are replaced at once.
@@ -248,6 +262,9 @@ def regenerate(
     done = _completed_records(output_path)
     if other_models := sorted({r["model"] for r in done.values()} - {None, model.name_or_path}):
         raise _mixed_output_error(output_path, "'model'", other_models[0], model.name_or_path)
+    dtype = model_dtype(model)
+    if other_dtypes := sorted({r["dtype"] for r in done.values()} - {None, dtype}):
+        raise _mixed_output_error(output_path, "'dtype'", other_dtypes[0], dtype)
     stats = RegenerationStats()
     conversations = []
     for index, record in iter_records(source, offset, limit):
@@ -274,7 +291,9 @@ def regenerate(
             _answer_next_turns(model, tokenizer, active, generation_config, max_length, stats)
             for conversation in (c for c in active if c.done):
                 if conversation.finish_reasons:
-                    output.write(json.dumps(conversation.to_record(model.name_or_path), ensure_ascii=False) + "\n")
+                    output.write(
+                        json.dumps(conversation.to_record(model.name_or_path, dtype), ensure_ascii=False) + "\n"
+                    )
                     output.flush()
                     stats.written += 1
                 else:
