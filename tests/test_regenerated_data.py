@@ -12,7 +12,9 @@ from eagle3_hf.training.exclusion import normalize_words
 from eagle3_hf.training.records import first_user_turn, iter_records, normalize_messages
 
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "regenerated" / "sharegpt-turn1.jsonl.gz"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "regenerated"
+# each file and the dtype its records say the target computed in (`None`: written before the dtype was recorded)
+FILES = {"sharegpt-turn1.jsonl.gz": {None, "float32"}, "sharegpt-turn1-bf16.jsonl.gz": {"bfloat16"}}
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -21,12 +23,22 @@ def normalized(text: str) -> str:
     return " ".join(normalize_words(text))
 
 
-@pytest.fixture(scope="module")
-def records() -> list[dict]:
-    with gzip.open(DATA, "rt", encoding="utf-8") as handle:
+def read_records(name: str) -> list[dict]:
+    path = DATA_DIR / name
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
         lines = handle.read().split("\n")
-    assert lines[-1] == "", f"{DATA} ends inside a record"
+    assert lines[-1] == "", f"{path} ends inside a record"
     return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.fixture(scope="module", params=sorted(FILES))
+def records(request) -> list[dict]:
+    return read_records(request.param)
+
+
+def test_the_files_hold_no_record_twice():
+    indices = [record["index"] for name in FILES for record in read_records(name)]
+    assert len(set(indices)) == len(indices)
 
 
 def test_records_are_complete_first_turns_of_the_training_slice(records):
@@ -34,6 +46,8 @@ def test_records_are_complete_first_turns_of_the_training_slice(records):
     indices = [record["index"] for record in records]
     assert len(set(indices)) == len(indices)
     assert max(indices) < SHAREGPT_HELDOUT_START  # the benchmark's held-out slice is never regenerated
+    dtypes = {record.get("dtype") for record in records}
+    assert any(dtypes <= allowed for allowed in FILES.values()), dtypes  # one file, one dtype
     for record in records:
         assert record["model"] == TARGET
         roles = [message["role"] for message in normalize_messages(record)]
