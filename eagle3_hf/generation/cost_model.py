@@ -376,15 +376,15 @@ class RoundPlanner:
         if shape.is_plain:
             return 0.0
         rates = self._rates(shape)
+        met, blind = self.buckets_met, self.blind_buckets_met
+        if bucket is None and met.total == 0:
+            return _reach_sum(rates)
         weight = self.config.prior_weight
         # all rounds' rates with known confidence, all shapes pooled (leaning on `shape`'s own): what every bucket's
         # rates are compared with
         pooled = self.pooled_acceptance.rates(len(rates), rates, weight)
         if bucket is not None:
             return _reach_sum(self._bucket_rates(bucket, rates, pooled))
-        met, blind = self.buckets_met, self.blind_buckets_met
-        if met.total == 0:
-            return _reach_sum(rates)
         mixture = [blind.counts[b] + weight * met.counts[b] / met.total for b in range(len(met.counts))]
         return sum(w * _reach_sum(self._bucket_rates(b, rates, pooled)) for b, w in enumerate(mixture) if w) / sum(
             mixture
