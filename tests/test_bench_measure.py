@@ -115,6 +115,19 @@ def test_bench_command_records_the_arguments_of_both_entry_points(monkeypatch):
     assert bench_command(["--limit", "8"]) == "eagle3-hf bench --limit 8"  # eagle3-hf bench (cli passes argv)
 
 
+def test_greedy_mismatches_fail_a_float32_bench_and_are_reported_in_low_precision(capsys):
+    from eagle3_hf.commands.bench import report_greedy_mismatches
+
+    records = [_record("plain", 10, 2.0, [1] * 9), _record("tree", 10, 1.0, [3, 3, 3], match=False)]
+    summary = summarize(records)  # one mismatch on mt_bench, counted once (not again in its category row)
+    assert report_greedy_mismatches(summary, torch.float32) == 1
+    assert "ERROR: 1 greedy outputs differ from plain generate" in capsys.readouterr().err
+    assert report_greedy_mismatches(summary, torch.bfloat16) == 0
+    assert "WARNING: 1 greedy outputs differ" in capsys.readouterr().err
+    matching = summarize([_record("plain", 10, 2.0, [1] * 9), _record("tree", 10, 1.0, [3, 3, 3])])
+    assert report_greedy_mismatches(matching, torch.float32) == 0 and not capsys.readouterr().err
+
+
 def test_summary_speedup_tau_and_categories(tmp_path):
     records = [
         _record("plain", 10, 2.0, [1] * 9),

@@ -20,6 +20,15 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head", default=None, help="EAGLE-3 head (folder or Hub id); default: the shipped head")
     parser.add_argument("--target", default=DEFAULT_TARGET, help=TARGET_HELP)
     parser.add_argument(
+        "--target-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="dtype of the target and the head (default: the checkpoint's; the offline SmolLM2 file loads in "
+        "float32). Greedy output is compared with plain generate in every dtype, but only float32 promises it "
+        "bit-identical: in bfloat16 or float16 a tree's multi-row verification may break a near-tie of the next "
+        "token's logits the other way (scripts/measure_low_precision_ties.py shows where).",
+    )
+    parser.add_argument(
         "--datasets",
         nargs="+",
         default=["mt_bench", "humaneval", "sharegpt"],
@@ -138,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer, draft = load_default_pair(args.head, target=args.target)
+    target, tokenizer, draft = load_default_pair(args.head, dtype=args.target_dtype, target=args.target)
     tree = bench_tree_settings(draft, args)
     if "tree_lookup" in args.methods:  # every generate call grafts what the packed rows and the summary assume
         args.tree_lookup_tokens = tree.lookup_tokens
@@ -159,14 +168,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     summary = summarize(records, args.max_new_tokens, tree)
     command = bench_command(argv)
-    machine = f"{machine_description()}, {packing}"
+    machine = f"{machine_description()}, target in {str(target.dtype).removeprefix('torch.')}, {packing}"
     paths = write_report(summary, args.output_dir, machine, command, plots=not args.no_plots)
     print(markdown_table(summary))
     print("wrote " + ", ".join(str(p) for p in paths))
+    return report_greedy_mismatches(summary, target.dtype)
+
+
+def report_greedy_mismatches(summary: dict, dtype) -> int:
+    """The exit status: 1 when a float32 greedy output differed from plain `generate` (a bug: float32 decoding is
+    bit-identical), 0 otherwise. In lower precision a difference is reported, not failed: a tree verifies several rows
+    in one forward, whose kernels round differently from plain decoding's one row, and a bfloat16 or float16 near-tie
+    of the two best logits can then go the other way."""
+    import torch
+
     mismatches = sum(row["greedy_mismatches"] or 0 for row in summary["rows"] if "/" not in row["dataset"])
-    if mismatches:
+    if not mismatches:
+        return 0
+    if dtype == torch.float32:
         print(f"ERROR: {mismatches} greedy outputs differ from plain generate", file=sys.stderr)
         return 1
+    print(
+        f"WARNING: {mismatches} greedy outputs differ from plain generate with the target in {dtype}; expected "
+        "where plain's two best logits are within a rounding step (scripts/measure_low_precision_ties.py reports "
+        "the margin where they part); float32 output is bit-identical.",
+        file=sys.stderr,
+    )
     return 0
 
 
