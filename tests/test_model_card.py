@@ -26,7 +26,9 @@ TRAINING = {
 }
 
 
-def bench_row(dataset: str, method: str, tau: float | None, tokens_per_second: float, speedup: float) -> dict:
+def bench_row(
+    dataset: str, method: str, tau: float | None, tokens_per_second: float, speedup: float, tree_rounds=None
+) -> dict:
     """A row as `eagle3_hf.bench.measure.summarize` writes it."""
     return dict(
         dataset=dataset,
@@ -35,6 +37,7 @@ def bench_row(dataset: str, method: str, tau: float | None, tokens_per_second: f
         tau=tau,
         tokens_per_second=tokens_per_second,
         speedup=speedup,
+        tree_round_share=tree_rounds,
         greedy_mismatches=0,
         generations=8,
     )
@@ -45,7 +48,7 @@ RESULTS = {
     "command": "eagle3-hf bench --head out --max-new-tokens 64",
     "rows": [
         bench_row("mt_bench", "plain", None, 15.04, 1.0),
-        bench_row("mt_bench", "tree", 2.713, 24.96, 1.6596),
+        bench_row("mt_bench", "tree", 2.713, 24.96, 1.6596, tree_rounds=0.537),
         bench_row("mt_bench/coding", "tree", 3.1, 30.0, 2.0),
     ],
 }
@@ -117,12 +120,14 @@ class TestCreate:
         assert "| Wall time | 5,400 s (1.50 h) |" in training and "eagle3-hf train --output-dir out" in training
         results = section(card.text, "results")
         assert "Measured on x86_64 cpu, torch 2.13.0 with:" in results and RESULTS["command"] in results
-        assert "| mt_bench | 0 | tree | 2.71 | 25.0 | 1.66× | 0 | 8 |" in results
-        assert "| mt_bench | 0 | plain | – | 15.0 | 1.00× | 0 | 8 |" in results
+        assert "| mt_bench | 0 | tree | 2.71 | 25.0 | 1.66× | 54% | 0 | 8 |" in results
+        assert "| mt_bench | 0 | plain | – | 15.0 | 1.00× | – | 0 | 8 |" in results
         assert "coding" not in results  # per-category rows stay in the benchmark's own report
         with_interval = {**RESULTS, "rows": [{**RESULTS["rows"][1], "speedup_interval": [1.581, 1.742]}]}
         card = create_or_update_model_card(tmp_path, draft, results=with_interval)
-        assert "| mt_bench | 0 | tree | 2.71 | 25.0 | 1.66× (1.58–1.74) | 0 | 8 |" in section(card.text, "results")
+        assert "| mt_bench | 0 | tree | 2.71 | 25.0 | 1.66× (1.58–1.74) | 54% | 0 | 8 |" in section(
+            card.text, "results"
+        )
 
     @pytest.mark.parametrize("missing", ["machine", "command"])
     def test_results_need_their_machine_and_command(self, draft, tmp_path, missing):

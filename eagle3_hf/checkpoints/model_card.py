@@ -85,6 +85,7 @@ RESULT_COLUMNS = {
     "tau": "τ",
     "tokens_per_second": "Tokens/s",
     "speedup": "Speedup",
+    "tree_round_share": "Tree rounds",
     "greedy_mismatches": "Greedy mismatches",
     "generations": "Generations",
 }
@@ -368,6 +369,8 @@ def _format_result(key: str, value: Any) -> str:
         return f"{value:.2f}"
     if key == "tokens_per_second":
         return f"{value:.1f}"
+    if key == "tree_round_share":  # the share of a head's rounds that drafted a tree (the rest: plain steps)
+        return f"{value:.0%}"
     return _format_value(value)
 
 
