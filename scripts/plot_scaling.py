@@ -87,9 +87,10 @@ def plot(
             accuracy_axes.plot(seen, values, style, marker="o", color=color, label=f"{label}, step {k}")
         acceptance = [report["splits"]["heldout"]["acceptance_length"] for report in reports.values()]
         acceptance_axes.plot(seen, acceptance, style, marker="o", color="black", label=label)
-    for name, report in references.items():
-        accuracy_axes.axhline(report["splits"]["heldout"]["top1"][0], color="gray", lw=0.8, label=f"{name}, step 0")
-        acceptance_axes.axhline(report["splits"]["heldout"]["acceptance_length"], color="gray", lw=0.8, label=name)
+    for line, (name, report) in zip(("-", "--", ":", "-."), references.items()):  # told apart by their dashes
+        heldout = report["splits"]["heldout"]
+        accuracy_axes.axhline(heldout["top1"][0], ls=line, color="gray", lw=0.9, label=f"{name}, step 0")
+        acceptance_axes.axhline(heldout["acceptance_length"], ls=line, color="gray", lw=0.9, label=name)
     for marker, (name, (conversations, report)) in zip("*Dsp", (points or {}).items()):
         for k, color in enumerate(colors):
             value = report["splits"]["heldout"]["top1"][k]
