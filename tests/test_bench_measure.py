@@ -122,6 +122,8 @@ def test_greedy_mismatches_fail_a_float32_bench_and_are_reported_in_low_precisio
     summary = summarize(records)  # one mismatch on mt_bench, counted once (not again in its category row)
     assert report_greedy_mismatches(summary, torch.float32) == 1
     assert "ERROR: 1 greedy outputs differ from plain generate" in capsys.readouterr().err
+    assert report_greedy_mismatches(summary, torch.float64) == 1  # wider than float32: bit-identical too
+    assert "ERROR" in capsys.readouterr().err
     assert report_greedy_mismatches(summary, torch.bfloat16) == 0
     assert "WARNING: 1 greedy outputs differ" in capsys.readouterr().err
     matching = summarize([_record("plain", 10, 2.0, [1] * 9), _record("tree", 10, 1.0, [3, 3, 3])])

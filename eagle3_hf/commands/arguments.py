@@ -14,6 +14,8 @@ from ..training.exclusion import OVERLAP_POLICIES
 from . import add_pack_weights_argument
 
 
+# what `--target-dtype` accepts: "auto" keeps the checkpoint's dtype (`load_target_model`)
+TARGET_DTYPES = ("auto", "float32", "bfloat16", "float16")
 TARGET_HELP = f"Target model: a folder, a Hub id, a .gguf file, or '{DEFAULT_TARGET}' (the offline SmolLM2 GGUF)."
 
 
@@ -98,7 +100,7 @@ def training_splits(data_args: DataArguments, tokenizer, max_length: int, seed: 
     return split["train"], split["test"]
 
 
-__all__ = ["TARGET_HELP", "DataArguments", "training_splits"]
+__all__ = ["TARGET_DTYPES", "TARGET_HELP", "DataArguments", "training_splits"]
 
 
 def add_batched_generation_arguments(parser) -> None:
@@ -108,7 +110,7 @@ def add_batched_generation_arguments(parser) -> None:
     parser.add_argument(
         "--target-dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=TARGET_DTYPES,
         help="dtype of the target.",
     )
     parser.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")

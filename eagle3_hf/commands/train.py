@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from eagle3_hf.commands.arguments import DataArguments, training_splits
+from eagle3_hf.commands.arguments import TARGET_DTYPES, DataArguments, training_splits
 from eagle3_hf.training.training_args import Eagle3TrainingArguments
 
 
@@ -69,7 +69,7 @@ class ModelArguments:
     )
     target_dtype: str = field(
         default="auto",
-        metadata={"help": "dtype of the frozen target.", "choices": ["auto", "float32", "bfloat16", "float16"]},
+        metadata={"help": "dtype of the frozen target.", "choices": list(TARGET_DTYPES)},
     )
 
 
