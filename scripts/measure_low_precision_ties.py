@@ -20,7 +20,7 @@ import torch
 
 from eagle3_hf.bench.measure import encode_chat
 from eagle3_hf.bench.prompts import DATASETS, load_prompts
-from eagle3_hf.loading import load_default_pair
+from eagle3_hf.loading import load_default_pair, load_target
 
 
 def top2_margins(step_logits: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -42,7 +42,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     target, tokenizer, head = load_default_pair(dtype=args.dtype)
-    reference, _, _ = load_default_pair(dtype="float32")
+    reference, _ = load_target(dtype="float32")  # scores the two tokens only: no head needed
     margins, parted = [], []
     for number, prompt in enumerate(load_prompts([args.dataset], limit=args.limit, offset=args.offset, num_turns=1)):
         ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}], target.device)
