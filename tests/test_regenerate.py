@@ -100,6 +100,23 @@ class TestRegenerate:
         assert stats.turns == 3 and len(records["two-turns"]["messages"]) == 2
         assert records["two-turns"]["messages"][0]["content"] == "What is the capital of France?"
 
+    def test_min_turns_skips_the_shorter_conversations(self, target, tmp_path):
+        model, tokenizer = target
+        config = make_generation_config(model, tokenizer, max_new_tokens=3)
+        stats = regenerate(
+            model, tokenizer, SOURCE, tmp_path / "out.jsonl", config, max_turns=3, min_turns=2, progress=False
+        )
+        assert [r["id"] for r in read_jsonl(tmp_path / "out.jsonl")] == ["two-turns"]
+        assert (stats.written, stats.skipped_short, stats.skipped_empty, stats.invalid, stats.turns) == (1, 2, 1, 1, 2)
+
+    @pytest.mark.parametrize("min_turns, max_turns", [(0, None), (3, 2)])
+    def test_min_turns_out_of_range(self, target, tmp_path, min_turns, max_turns):
+        model, tokenizer = target
+        with pytest.raises(ValueError, match="min_turns"):
+            regenerate(
+                model, tokenizer, SOURCE, tmp_path / "o.jsonl", min_turns=min_turns, max_turns=max_turns, progress=False
+            )
+
     def test_batched_multi_turn_equals_one_by_one(self, target, tmp_path):
         """Left padding does not change greedy answers, and turn 2 is answered after the target's own turn 1."""
         model, tokenizer = target
@@ -269,6 +286,11 @@ class TestRegenerate:
         assert regenerate_command.main([*fast, "--batch-size", "2", "--pack-weights", "auto"]) == 0
         by_index = {r["index"]: r["messages"] for r in records}
         assert {r["index"]: r["messages"] for r in read_jsonl(tmp_path / "fast.jsonl")} == by_index
+        # --min-turns 2: only the conversation with a second user turn
+        later = [*argv[:5], str(tmp_path / "later.jsonl"), *argv[6:], "--min-turns", "2"]
+        assert regenerate_command.main(later) == 0
+        assert "wrote 1 conversations" in capsys.readouterr().out.splitlines()[-1]
+        assert [r["index"] for r in read_jsonl(tmp_path / "later.jsonl")] == [0]
 
 
 @pytest.mark.real_model

@@ -36,6 +36,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-turns", type=int, default=None, help="Answer only the first N user turns of each conversation."
     )
+    parser.add_argument(
+        "--min-turns",
+        type=int,
+        default=1,
+        help="Skip the records with fewer user turns than N (2: only conversations with later turns to learn from).",
+    )
     parser.add_argument("--do-sample", action="store_true", help="Sample instead of greedy decoding.")
     parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (with --do-sample).")
     parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (with --do-sample).")
@@ -73,12 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         max_length=args.max_length,
         max_turns=args.max_turns,
+        min_turns=args.min_turns,
         seed=args.seed,
         progress=not args.no_progress,
     )
     print(
         f"wrote {stats.written} conversations to {args.output} ({stats.skipped_done} already there, "
-        f"{stats.skipped_empty} without a user turn, {stats.invalid} invalid); {stats.turns} turns, "
+        f"{stats.skipped_empty} without a user turn, {stats.skipped_short} with fewer than {args.min_turns}, "
+        f"{stats.invalid} invalid); {stats.turns} turns, "
         f"{stats.new_tokens} tokens in {stats.seconds:.1f} s ({stats.tokens_per_second:.1f} tokens/s)"
     )
     return 0

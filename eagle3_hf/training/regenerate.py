@@ -28,13 +28,14 @@ logger = logging.getLogger(__name__)
 class RegenerationStats:
     """Counts from `regenerate`. `skipped_done`: conversations already in the output file; `skipped_empty`: records
     without a user turn (or whose first prompt leaves no room for an answer within `max_length`); `invalid`:
-    malformed records; `new_tokens`: tokens generated (through the first end-of-turn token); `seconds`: time spent
-    generating."""
+    malformed records; `skipped_short`: records with fewer user turns than `min_turns`; `new_tokens`: tokens
+    generated (through the first end-of-turn token); `seconds`: time spent generating."""
 
     written: int = 0
     skipped_done: int = 0
     skipped_empty: int = 0
     invalid: int = 0
+    skipped_short: int = 0
     turns: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
@@ -170,7 +171,7 @@ def generate_replies(
 
 
 def _start_conversation(
-    index: int, record: Any, stats: RegenerationStats, max_turns: int | None
+    index: int, record: Any, stats: RegenerationStats, max_turns: int | None, min_turns: int = 1
 ) -> _Conversation | None:
     try:
         messages = normalize_messages(record)
@@ -179,10 +180,14 @@ def _start_conversation(
         logger.debug(f"Skipping record {index}: {error}")
         return None
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
-    user_turns = [message["content"] for message in messages if message["role"] == "user"][:max_turns]
+    user_turns = [message["content"] for message in messages if message["role"] == "user"]
     if not user_turns:
         stats.skipped_empty += 1
         return None
+    if len(user_turns) < min_turns:
+        stats.skipped_short += 1
+        return None
+    user_turns = user_turns[:max_turns]
     record_id = record.get("id", index) if isinstance(record, dict) else index
     return _Conversation(index, record_id, user_turns, system)
 
@@ -226,6 +231,7 @@ def regenerate(
     batch_size: int = 8,
     max_length: int = 2048,
     max_turns: int | None = None,
+    min_turns: int = 1,
     seed: int = 0,
     progress: bool = True,
 ) -> RegenerationStats:
@@ -250,6 +256,9 @@ def regenerate(
             `"length"`), and a conversation ends before a turn that has no room left. Use train's `max_length`.
         max_turns: answer only the first `max_turns` user turns of each conversation (default: all). A batch waits
             for its longest answer, so multi-turn conversations cost one batch per turn.
+        min_turns: skip the records with fewer user turns than this (counted in `stats.skipped_short`, not
+            written). With `min_turns=2` a run adds only conversations that have later turns to learn from, next to
+            a file that already holds the first turns of the same records.
         seed: seeds sampling (`transformers.set_seed`); with batching, a resumed run is not bit-identical.
     """
     from tqdm.auto import tqdm
@@ -257,6 +266,8 @@ def regenerate(
 
     if tokenizer.chat_template is None:
         raise ValueError("Regeneration needs a tokenizer with a chat template to build prompts.")
+    if min_turns < 1 or (max_turns is not None and max_turns < min_turns):
+        raise ValueError(f"`min_turns` must be at least 1 and at most `max_turns` ({max_turns}), got {min_turns}.")
     set_seed(seed)
     generation_config = generation_config or make_generation_config(model, tokenizer)
     done = _completed_records(output_path)
@@ -273,7 +284,7 @@ def regenerate(
                 field = f"data source (the first user turn in 'messages' at index {index})"
                 raise _mixed_output_error(output_path, field, done[index]["user"], user)
             stats.skipped_done += 1
-        elif (conversation := _start_conversation(index, record, stats, max_turns)) is not None:
+        elif (conversation := _start_conversation(index, record, stats, max_turns, min_turns)) is not None:
             conversations.append(conversation)
     # A batch pads to its longest prompt, and prefilling is most of a batch's cost on CPU (SmolLM2-135M, 2 cores:
     # 800 prompt tokens/s against 140 generated tokens/s at batch 32); similar prompt lengths waste the least. The
