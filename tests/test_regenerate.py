@@ -114,7 +114,13 @@ class TestRegenerate:
         model, tokenizer = target
         with pytest.raises(ValueError, match="min_turns"):
             regenerate(
-                model, tokenizer, SOURCE, tmp_path / "o.jsonl", min_turns=min_turns, max_turns=max_turns, progress=False
+                model,
+                tokenizer,
+                SOURCE,
+                tmp_path / "o.jsonl",
+                min_turns=min_turns,
+                max_turns=max_turns,
+                progress=False,
             )
 
     def test_batched_multi_turn_equals_one_by_one(self, target, tmp_path):
