@@ -10,12 +10,19 @@ import pytest
 
 from eagle3_hf.bench.prompts import SHAREGPT_HELDOUT_START, load_human_eval, load_mt_bench, load_sharegpt_heldout
 from eagle3_hf.training.exclusion import normalize_words
-from eagle3_hf.training.records import first_user_turn, iter_records, normalize_messages
+from eagle3_hf.training.records import iter_records, normalize_messages
 
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "regenerated"
-# each file and the dtype its records say the target computed in (`None`: written before the dtype was recorded)
-FILES = {"sharegpt-turn1.jsonl.gz": {None, "float32"}, "sharegpt-turn1-bf16.jsonl.gz": {"bfloat16"}}
+# each file: the dtypes its records say the target computed in (`None`: written before the dtype was recorded), and
+# the most user turns a record holds (the first-turn files hold each ShareGPT record at most once between them; the
+# later-turn file answers again, in its own context, the first turns of records that have more)
+FILES = {
+    "sharegpt-turn1.jsonl.gz": ({None, "float32"}, 1),
+    "sharegpt-turn1-bf16.jsonl.gz": ({"bfloat16"}, 1),
+    "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3),
+}
+FIRST_TURN_FILES = [name for name, (_, max_turns) in FILES.items() if max_turns == 1]
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -43,40 +50,49 @@ def records(data_file) -> list[dict]:
     return read_records(data_file)
 
 
-def test_the_files_hold_no_record_twice():
-    indices = [record["index"] for name in FILES for record in read_records(name)]
+def user_turns(record) -> list[str]:
+    return [message["content"] for message in normalize_messages(record) if message["role"] == "user"]
+
+
+def test_the_first_turn_files_hold_no_record_twice():
+    indices = [record["index"] for name in FIRST_TURN_FILES for record in read_records(name)]
     assert len(set(indices)) == len(indices)
 
 
-def test_records_are_complete_first_turns_of_the_training_slice(data_file, records):
-    assert len(records) > 2000
+def test_records_are_complete_conversations_of_the_training_slice(data_file, records):
+    dtypes, max_turns = FILES[data_file]
+    assert len(records) > 1000
     indices = [record["index"] for record in records]
     assert len(set(indices)) == len(indices)
     assert max(indices) < SHAREGPT_HELDOUT_START  # the benchmark's held-out slice is never regenerated
-    dtypes = {record.get("dtype") for record in records}
-    assert dtypes <= FILES[data_file], dtypes  # each file holds its own dtype only
+    assert {record.get("dtype") for record in records} <= dtypes  # each file holds its own dtype only
     for record in records:
         assert record["model"] == TARGET
         roles = [message["role"] for message in normalize_messages(record)]
-        assert roles in (["user", "assistant"], ["system", "user", "assistant"])  # ShareGPT's own system turn kept
-        assert len(record["finish_reasons"]) == 1 and record["finish_reasons"][0] in ("stop", "length")
-        assert record["messages"][-1]["content"].strip()
+        system = roles[:1] == ["system"]  # ShareGPT's own system turn kept
+        turns = len(record["finish_reasons"])
+        assert 1 <= turns <= max_turns and roles == ["system"] * system + ["user", "assistant"] * turns
+        assert set(record["finish_reasons"]) <= {"stop", "length"}
+        assert all(message["content"].strip() for message in record["messages"] if message["role"] == "assistant")
 
 
-def test_every_prompt_is_its_sharegpt_records_first_user_turn(records):
-    by_index = {record["index"]: first_user_turn(record) for record in records}
+def test_every_prompt_is_its_sharegpt_records_user_turn(records):
+    """The first-turn files hold each record's first user turn; the later-turn file its first user turns in order."""
+    by_index = {record["index"]: user_turns(record) for record in records}
     source = dict(iter_records("sharegpt", limit=max(by_index) + 1))
-    mismatched = [index for index, turn in by_index.items() if first_user_turn(source[index]) != turn]
+    mismatched = [index for index, turns in by_index.items() if user_turns(source[index])[: len(turns)] != turns]
     assert not mismatched
 
 
 def test_no_benchmark_prompt_is_in_the_training_data(records):
-    """MT-bench (both turns), HumanEval and the held-out ShareGPT prompts the benchmark draws from (its first 400),
-    by the exclusion check's first rule (equal words). Its second rule, a shared 13-word run, flags two records here
+    """No user turn of a record is one of MT-bench's (both turns), HumanEval's or the held-out ShareGPT prompts the
+    benchmark draws from (its first 400), by the exclusion check's first rule (equal words). Its second rule, a shared 13-word run, flags two records here
     (814 and 1089) that share a prompt tool's 'Ignore all previous instructions' boilerplate with held-out prompt
     OsDgu05_0: boilerplate, not a leak, so this test checks equality only."""
     evaluation = {normalized(turn) for prompt in load_mt_bench(num_turns=2) for turn in prompt.turns}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_human_eval()}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_sharegpt_heldout(400)}
-    overlap = [record["index"] for record in records if normalized(first_user_turn(record)) in evaluation]
+    overlap = [
+        record["index"] for record in records if any(normalized(turn) in evaluation for turn in user_turns(record))
+    ]
     assert not overlap, f"training records {overlap[:10]} repeat a benchmark prompt"
