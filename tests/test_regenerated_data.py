@@ -61,7 +61,7 @@ def test_the_first_turn_files_hold_no_record_twice():
 
 def test_records_are_complete_conversations_of_the_training_slice(data_file, records):
     dtypes, max_turns = FILES[data_file]
-    assert len(records) > 1000
+    assert len(records) > 2000
     indices = [record["index"] for record in records]
     assert len(set(indices)) == len(indices)
     assert max(indices) < SHAREGPT_HELDOUT_START  # the benchmark's held-out slice is never regenerated
@@ -86,9 +86,9 @@ def test_every_prompt_is_its_sharegpt_records_user_turn(records):
 
 def test_no_benchmark_prompt_is_in_the_training_data(records):
     """No user turn of a record is one of MT-bench's (both turns), HumanEval's or the held-out ShareGPT prompts the
-    benchmark draws from (its first 400), by the exclusion check's first rule (equal words). Its second rule, a shared 13-word run, flags two records here
-    (814 and 1089) that share a prompt tool's 'Ignore all previous instructions' boilerplate with held-out prompt
-    OsDgu05_0: boilerplate, not a leak, so this test checks equality only."""
+    benchmark draws from (its first 400), by the exclusion check's first rule (equal words). Its second rule, a shared
+    13-word run, flags two records here (814 and 1089) that share a prompt tool's 'Ignore all previous instructions'
+    boilerplate with held-out prompt OsDgu05_0: boilerplate, not a leak, so this test checks equality only."""
     evaluation = {normalized(turn) for prompt in load_mt_bench(num_turns=2) for turn in prompt.turns}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_human_eval()}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_sharegpt_heldout(400)}
