@@ -334,3 +334,26 @@ def test_the_account_of_what_trees_gained_needs_a_few_trees_and_follows_them():
     assert planner.trees_losing
     planner.record_tree(START, 3, 3, 1.4, 0.12, 0.05, 0.02)
     assert not planner.trees_losing  # two trees that pay make up for five that lost
+
+
+def test_on_a_busy_machine_a_costly_probe_waits_at_once_and_loses_at_most_the_budget():
+    """Trees whose verification costs 16 plain steps (two contended cores: every multi-threaded product waits for
+    a descheduled thread) and accept one token in two. After the start shape's round, the first plain step already
+    puts the next probe 150 plain steps away (a loss of about 15 steps within `probe_loss_ceiling`), instead of
+    probing after 4, 8, 16 ... steps; later intervals grow past `max_probe_interval`, towards the budget."""
+    planner = make_planner()
+    count = iter(range(10**6))
+
+    def busy_tree(shape, index):
+        return next(count) % 2, shape.depth, 16 * PLAIN, 0.1
+
+    first_rate = play_timed(make_planner(), 96, busy_tree)[1]
+    assert first_rate >= 0.85 / PLAIN  # the start shape's round alone loses 15 of 96 steps; without the ceiling: 0.57
+    shapes, rate = play_timed(planner, 3000, busy_tree)
+    trees = [index for index, shape in enumerate(shapes) if not shape.is_plain]
+    assert trees[0] == 0 and trees[1] >= 140
+    gaps = [later - earlier for earlier, later in zip(trees, trees[1:])]
+    assert max(gaps) > planner.config.max_probe_interval
+    assert rate >= 0.97 / PLAIN  # without the ceiling: 0.953 over these 3000 rounds
+    late_rate = play_timed(planner, 3000, busy_tree)[1]
+    assert late_rate >= (1 - 1.5 * planner.config.probe_budget) / PLAIN

@@ -9,6 +9,7 @@ from eagle3_hf.generation.cpu_packing import (
     MklPackedLinear,
     mkl_packing_available,
     pack_linear_weights,
+    time_linear_products,  # the real one: conftest makes packing pay in other tests
     unpack_linear_weights,
 )
 
@@ -98,7 +99,7 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
     assert not any(type(m) is MklPackedLinear for m in target.modules())
     assert pack_for_decoding(target.to(torch.bfloat16), draft, [8], [2], "auto") == "stock weights"
     target.float()
-    description = pack_for_decoding(target, draft, [8, 6], [2], "auto")
+    description = pack_for_decoding(target, draft, [8, 6], [2], "on")
     assert description == "MKL-packed weights (target rows [6, 8], head rows [2]); grouped-query SDPA under tree masks"
     assert target.config._attn_implementation == draft.config._attn_implementation == "eagle3_grouped_sdpa"
     assert type(target.lm_head) is MklPackedLinear and type(draft.fc) is MklPackedLinear
@@ -123,3 +124,58 @@ def test_the_commands_offer_the_pack_modes_pack_for_decoding_takes():
     from eagle3_hf.generation.cpu_packing import PACK_MODES
 
     assert PACK_WEIGHTS_MODES == PACK_MODES
+
+
+def slower_packing_for(*rows_slower):
+    """A `time_linear_products` stand-in: packing 10% faster than stock, except 10% slower for `rows_slower`."""
+
+    def timings(model, rows, repeats=3):
+        return 1.0, 1.1 if rows in rows_slower else 0.9
+
+    return timings
+
+
+def test_auto_packs_only_the_row_counts_where_packing_measurably_pays(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    monkeypatch.setattr(cpu_packing, "time_linear_products", slower_packing_for(6, 3))
+    target = make_tiny_target()
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    description = cpu_packing.pack_for_decoding(target, draft, [8, 6], [2, 3], "auto")
+    assert description == (
+        "MKL-packed weights (target rows [8], head rows [2]); stock for target rows [6], head rows [3] (packing "
+        "measured no faster); grouped-query SDPA under tree masks"
+    )
+    assert cpu_packing.is_packed_for(target, 8) and not cpu_packing.is_packed_for(target, 6)
+    assert cpu_packing.is_packed_for(draft, 2) and not cpu_packing.is_packed_for(draft, 3)
+    # "on" packs whatever was measured
+    cpu_packing.pack_for_decoding(target, draft, [6], [3], "on")
+    assert cpu_packing.is_packed_for(target, 6) and cpu_packing.is_packed_for(draft, 3)
+
+
+def test_generate_measures_once_and_keeps_stock_weights_where_packing_is_slower(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    calls = []
+
+    def timings(model, rows, repeats=3):
+        calls.append(rows)
+        return 1.0, 1.1  # packing slower for every row count
+
+    monkeypatch.setattr(cpu_packing, "time_linear_products", timings)
+    target = make_tiny_target()
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    line = cpu_packing.pack_for_tree_decoding(target, draft, [8], max_depth=3, top_k=2)
+    assert line.startswith("Tree decoding on CPU: stock weights for target rows [8], head rows [2, 3, 4]")
+    assert not any(type(module) is MklPackedLinear for module in [*target.modules(), *draft.modules()])
+    assert target.config._attn_implementation == "eagle3_grouped_sdpa"
+    measured = len(calls)
+    assert cpu_packing.pack_for_tree_decoding(target, draft, [8], max_depth=3, top_k=2) is None  # settled
+    assert len(calls) == measured
+
+
+def test_time_linear_products_times_every_weight_shape_of_the_model():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 32))
+    stock, packed = time_linear_products(model, rows=8, repeats=2)
+    assert stock > 0 and packed > 0
+    assert all(type(module) is nn.Linear for module in model)  # measured on temporary packs, the model untouched

@@ -43,7 +43,9 @@ def test_demo_command_runs(capsys):
     assert "tau" in out and "speedup" in out and "greedy outputs identical" in out
     from eagle3_hf.generation.cpu_packing import mkl_packing_available
 
-    assert ("MKL-packed weights" in out) == mkl_packing_available()  # --pack-weights auto on a float32 CPU target
+    # --pack-weights auto on a float32 CPU target: generate packs where it measures that packing pays
+    decided = "MKL-packed weights" in out or "measured packing no faster" in out
+    assert decided == mkl_packing_available()
 
 
 @pytest.mark.real_model

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import TextStreamer
 
     from ..bench.measure import encode_chat, timed_generate
-    from ..generation.cpu_packing import is_packed_for
+    from ..generation.cpu_packing import is_packable_target, is_packed_for
     from ..generation.decoding import resolve_tree_settings
     from ..loading import load_default_pair
 
@@ -63,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     warm = tokenizer("Hello", return_tensors="pt").input_ids
     for method in ("plain", "adaptive"):
         timed_generate(target, warm, method, 0.0, 8, draft, kwargs)
-    packed = is_packed_for(target, tree.total_tokens)
-    print("weights: MKL-packed weights (by generate, for the tree's rows)" if packed else "weights: stock")
+    if is_packed_for(target, tree.total_tokens):
+        print("weights: MKL-packed weights (by generate, for the tree's rows)")
+    elif args.pack_weights != "off" and is_packable_target(target):
+        print("weights: stock (generate measured packing no faster on this CPU)")
+    else:
+        print("weights: stock")
     for prompt in args.prompts:
         input_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}], target.device)
         print(f"\n>>> {prompt}\n")

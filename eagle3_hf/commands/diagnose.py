@@ -177,14 +177,18 @@ def _side(name, args, target, tokenizer, records, data_args, work_dir: Path, reg
 
 def _pack_head(draft, rows: list[int], mode: str) -> str:
     """Pack the head's weights for `rows`-row inputs as `generate` does on CPU (`--pack-weights`); a description."""
-    from eagle3_hf.generation.cpu_packing import is_packable_target, pack_linear_weights
+    from eagle3_hf.generation.cpu_packing import is_packable_target, measured_packing, pack_linear_weights
     from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 
     if mode == "off" or not rows or (mode == "auto" and not is_packable_target(draft)):
         return "stock weights"
-    pack_linear_weights(draft, rows)  # with "on", raises where it cannot pack
+    if mode == "auto":  # where packing measurably pays on this machine, as generate decides
+        rows = measured_packing(draft, rows)[0]
+    if rows:
+        pack_linear_weights(draft, rows)  # with "on", raises where it cannot pack
     grouped = use_grouped_sdpa(draft)
-    return f"MKL-packed head weights (rows {rows})" + ("; grouped-query SDPA" if grouped else "")
+    weights = f"MKL-packed head weights (rows {rows})" if rows else "stock head weights (packing measured no faster)"
+    return weights + ("; grouped-query SDPA" if grouped else "")
 
 
 def main(argv: list[str] | None = None) -> int:

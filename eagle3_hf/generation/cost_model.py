@@ -26,6 +26,11 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   at most twofold per probe (one unlucky round after a few is weak evidence) up to `max_probe_interval`. A head that
   does not pay (`r` near 0.5) is thus probed every 100 steps or so, while near break-even, where the estimate is
   uncertain and a wrong choice costs a few percent either way, probes come every few steps and keep it right.
+  On a busy machine a tree can cost many plain steps (2 contended cores, session 17: an 8-node verification of
+  SmolLM2 took 16 one-token steps' time, as every multi-threaded matrix product waited for a descheduled thread),
+  and probes every few steps, then doubling, lost a third of the time. So no probe may lose more than
+  `probe_loss_ceiling` of the plain steps before it (the interval jumps there at once, from the first plain step
+  after the start shape on), and the longest interval grows with the plain steps a probe loses.
   The deferred draft update that plain steps leave (their tokens are encoded into the head, in one forward, when
   the next tree is drafted) is the cost of switching back: its seconds are added to every tree's estimate while a
   plain streak runs, and to nothing else. One more plain step adds next to nothing to that batched forward, so
@@ -187,12 +192,17 @@ class PlannerConfig:
         prior_weight (`float`): how many rounds the prior of a position is worth.
         probe_interval (`int`): plain steps before the first probe round once plain steps win, and the shortest
             interval between probes.
-        max_probe_interval (`int`): the longest interval between probes. A probe with a head that does not pay costs
-            about one plain step more than it brings (a verification of a few nodes plus the deferred draft update),
-            so this bounds what such a head costs to under 1% of the time, while a useful passage is still found
-            within two short answers.
+        max_probe_interval (`int`): the longest interval between probes that lose one plain step or less. A probe
+            with a head that does not pay costs about one plain step more than it brings (a verification of a few
+            nodes plus the deferred draft update), so this bounds what such a head costs to under 1% of the time,
+            while a useful passage is still found within two short answers. A probe that loses `s > 1` plain steps
+            may wait `s` times longer.
         probe_budget (`float`): the share of the time that probes may lose against plain steps, by the current
             estimates; it sets the interval between probes (see the module docstring).
+        probe_loss_ceiling (`float`): the most one probe may lose against the plain steps before it. A probe that
+            costs many plain steps (on a busy machine: 8 nodes verified in 16 plain steps' time) sets the interval to
+            at least `loss / (probe_loss_ceiling * plain seconds)` at once, past the twofold growth, and the first
+            plain step after the start shape's round does so too.
         explore_every (`int`): every this many tree rounds, try the best shape one level deeper (or shallower, in
             turn).
         explore_margin (`float`): explore a neighbour only while its estimated rate is at least `1 - explore_margin`
@@ -214,6 +224,7 @@ class PlannerConfig:
     probe_interval: int = 4
     max_probe_interval: int = 128
     probe_budget: float = 0.01
+    probe_loss_ceiling: float = 0.1
     explore_every: int = 8
     explore_margin: float = 0.1
     use_confidence: bool = True
@@ -276,6 +287,10 @@ class RoundPlanner:
         self.plain_seconds.add(seconds)
         self.plain_streak += 1
         self._account(seconds)
+        if self.plain_streak == 1 and self.tree_rounds:
+            # the first plain step after trees prices what the next probe would lose (after the start shape's
+            # round, the first chance to): a probe that costs many plain steps waits as many times longer
+            self.probe_interval = max(self.probe_interval, self._probe_floor())
 
     def record_deferred_update(self, seconds: float, tokens: int) -> None:
         """Encoding the `tokens` of earlier plain steps into the draft took `seconds` (before a tree round)."""
@@ -345,22 +360,34 @@ class RoundPlanner:
             return False
         return self.tree_gain < -self.config.probe_budget * self.all_seconds
 
-    def _budgeted_probe_interval(self) -> int:
-        """Plain steps until the next probe: as many as make the expected loss of a probe against plain steps
-        `probe_budget` of the time, at most twice the last interval, within `[probe_interval, max_probe_interval]`.
-        The loss is the estimate's, or while trees are losing what a tree really lost on average, if more."""
-        config = self.config
+    def _probe_loss(self) -> float:
+        """Seconds a probe of the best tree is expected to lose against plain steps (0 when trees win or nothing
+        is known): the estimate's, or while trees are losing what a tree really lost on average, if more."""
         best, best_rate = self._best_tree()
-        plain_rate, plain_seconds = self.plain_rate(), self.round_seconds(PLAIN_STEP)
+        plain_rate = self.plain_rate()
         if math.isnan(best_rate) or math.isnan(plain_rate):
-            return config.probe_interval
+            return 0.0
         loss = self.round_seconds(best) * (1 - best_rate / plain_rate) if best_rate < plain_rate else 0.0
         if self.trees_losing:
             loss = max(loss, -self.tree_gain / self.trees_counted)
-        if loss <= 0:
+        return max(loss, 0.0)
+
+    def _probe_floor(self) -> int:
+        """The fewest plain steps before a probe that keep its loss within `probe_loss_ceiling` of theirs."""
+        steps_lost = self._probe_loss() / self.plain_seconds.value if self.plain_seconds.value else 0.0
+        return max(self.config.probe_interval, math.ceil(steps_lost / self.config.probe_loss_ceiling))
+
+    def _budgeted_probe_interval(self) -> int:
+        """Plain steps until the next probe: as many as make the expected loss of a probe against plain steps
+        `probe_budget` of the time, at most twice the last interval and `max_probe_interval` times the plain steps
+        a probe loses (once, if fewer); never fewer than `_probe_floor()`."""
+        config = self.config
+        steps_lost = self._probe_loss() / self.plain_seconds.value if self.plain_seconds.value else 0.0
+        if steps_lost <= 0:
             return config.probe_interval
-        budgeted = math.ceil(loss / (config.probe_budget * plain_seconds))
-        return max(config.probe_interval, min(budgeted, 2 * self.probe_interval, config.max_probe_interval))
+        budgeted = math.ceil(steps_lost / config.probe_budget)
+        longest = math.ceil(config.max_probe_interval * max(1.0, steps_lost))
+        return max(self._probe_floor(), min(budgeted, 2 * self.probe_interval, longest))
 
     # ------------------------------------------------------------------------------------------------ estimates
     def expected_draft_tokens(self, shape: TreeShape, bucket: int | None = None) -> float:

@@ -15,10 +15,18 @@ path, so plain `generate` on a packed model computes exactly what it computed be
 differently from stock GEMM in the last bits, as any change of GEMM kernel does (the stock kernel for 8 rows
 already differs from the one for 1 row). Memory: one extra copy of the linear weights per packed row count.
 
+Whether packing pays depends on the CPU: on a 2-core AMD EPYC (session 17) the packed kernel was 8% slower than
+stock GEMM for SmolLM2's 8-row products, where stock MKL does not seem to re-pack. So the defaults
+(`generate`'s `pack_for_tree_decoding`, and `pack_for_decoding(mode="auto")`) time both kernels once per model and
+row count (`packing_pays`) and pack only where packing saves at least `PACKING_MIN_SAVING`.
+
 `unpack_linear_weights(model)` restores plain `nn.Linear` layers. Only float32 weights on CPU are packed, with an
 MKL build of PyTorch (the default x86 wheels); a stale pack (the weight was modified, moved or cast) is rebuilt or
 bypassed, never used.
 """
+
+import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +138,65 @@ def unpack_linear_weights(model: nn.Module) -> int:
 
 PACK_MODES = ("auto", "on", "off")
 
+# Packing must save this share of the linear layers' time to be worth one more copy of their weights.
+PACKING_MIN_SAVING = 0.05
+
+
+@torch.no_grad()
+def time_linear_products(model: nn.Module, rows: int, repeats: int = 3) -> tuple[float, float]:
+    """Seconds of one pass over `model`'s linear layers on `rows` input rows: `(stock, packed)`.
+
+    Whether packing pays depends on the CPU and its MKL code path: measured on SmolLM2-135M with 8 rows (2 threads,
+    torch 2.13), it cut the linear layers' time by a third on a Xeon with AVX-512, and made it 8% longer on an AMD
+    EPYC. So it is timed on the machine: one layer per distinct weight shape (a transformer repeats a handful), its
+    time counted once per layer of that shape, stock `F.linear` against the packed kernel (the weight packed for the
+    measurement only), alternating, the fastest of `repeats` runs each (another process only ever slows a run down).
+    `packing_pays` runs it once per model and row count: about 0.2 s for SmolLM2-135M on 2 cores (most of it its
+    49k-row output projection), 40 ms for its head.
+    """
+    layers: dict[tuple[int, int], tuple[nn.Linear, int]] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and _is_packable(module.weight):
+            layer, count = layers.get(tuple(module.weight.shape), (module, 0))
+            layers[tuple(module.weight.shape)] = (layer, count + 1)
+    stock, packed = 0.0, 0.0
+    for layer, count in layers.values():
+        weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+        pack = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        inputs = torch.randn(rows, layer.in_features)
+        runs = {"stock": [], "packed": []}
+        for _ in range(repeats):
+            start = time.perf_counter()
+            F.linear(inputs, weight, bias)
+            middle = time.perf_counter()
+            torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, rows)
+            runs["stock"].append(middle - start)
+            runs["packed"].append(time.perf_counter() - middle)
+        stock += count * min(runs["stock"])
+        packed += count * min(runs["packed"])
+    return stock, packed
+
+
+# model -> {rows: (stock seconds, packed seconds)}: measured once per model and row count
+_TIMINGS: "weakref.WeakKeyDictionary[nn.Module, dict[int, tuple[float, float]]]" = weakref.WeakKeyDictionary()
+
+
+def packing_pays(model: nn.Module, rows: int) -> bool:
+    """Whether packing `model` for `rows` rows saves at least `PACKING_MIN_SAVING` of its linear layers' time on this
+    machine (`time_linear_products`, once per model and row count, after a warm-up run)."""
+    timings = _TIMINGS.setdefault(model, {})
+    if rows not in timings:
+        time_linear_products(model, rows, repeats=1)  # first calls pay for MKL's lazy set-up
+        timings[rows] = time_linear_products(model, rows)
+    stock, packed = timings[rows]
+    return packed < (1 - PACKING_MIN_SAVING) * stock
+
+
+def measured_packing(model: nn.Module, rows) -> tuple[list[int], list[int]]:
+    """`(rows packing pays for, rows it does not)` of `model` (`packing_pays`)."""
+    pays = [count for count in rows if packing_pays(model, count)]
+    return pays, [count for count in rows if count not in pays]
+
 
 def is_packed_for(model: nn.Module, rows: int) -> bool:
     """True when every linear layer of `model` has a packed weight for inputs of `rows` rows."""
@@ -173,8 +240,9 @@ def rows_for_trees(shapes) -> tuple[list[int], list[int]]:
 def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, draft_rows, mode: str = "auto") -> str:
     """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
 
-    `mode`: `"on"` packs (and raises where it cannot), `"off"` does nothing, `"auto"` packs when MKL is available
-    and the target is float32 on CPU. Packing also switches an `sdpa` target to `eagle3_hf.generation.gqa_attention`'s grouped
+    `mode`: `"on"` packs (and raises where it cannot), `"off"` does nothing, `"auto"` packs the row counts for which
+    `packing_pays` on this machine, when MKL is available and the target is float32 on CPU. Packing (`"on"`, or
+    `"auto"` on a packable target) also switches an `sdpa` target to `eagle3_hf.generation.gqa_attention`'s grouped
     backend (no `repeat_kv` copy under tree masks; outputs equal to `sdpa`'s). Used by `eagle3-hf demo`, `bench`,
     `tune` and `regenerate`.
     """
@@ -185,14 +253,26 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
     from .gqa_attention import use_grouped_sdpa
 
     target_rows, draft_rows = sorted(set(target_rows)), sorted(set(draft_rows))
-    pack_linear_weights(target, target_rows)
+    slower_target, slower_draft = [], []
+    if mode == "auto":
+        target_rows, slower_target = measured_packing(target, target_rows)
+        if draft is not None:
+            draft_rows, slower_draft = measured_packing(draft, draft_rows)
+    if target_rows:
+        pack_linear_weights(target, target_rows)
     if draft is not None and draft_rows:
         pack_linear_weights(draft, draft_rows)
     grouped = hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target)
     if grouped and draft is not None:
         use_grouped_sdpa(draft)  # the head's one layer also attends under tree masks while drafting
-    attention = "; grouped-query SDPA under tree masks" if grouped else ""
-    return f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows}){attention}"
+    parts = [f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows})"]
+    if not target_rows and not draft_rows:
+        parts = ["stock weights"]
+    if slower_target or slower_draft:
+        parts.append(f"stock for target rows {slower_target}, head rows {slower_draft} (packing measured no faster)")
+    if grouped:
+        parts.append("grouped-query SDPA under tree masks")
+    return "; ".join(parts)
 
 
 def _linear_weight_bytes(model: nn.Module) -> int:
@@ -205,22 +285,28 @@ def pack_for_tree_decoding(
     target: nn.Module, draft: nn.Module, node_counts, max_depth: int, top_k: int, lookup_tokens: int = 0
 ) -> str | None:
     """What `generate(assistant_model=head)` does on CPU: pack the target for `node_counts` rows and the head for
-    the rows of its tree levels and draft updates, and switch `sdpa` to grouped-query SDPA, when the target is
-    float32 on CPU with MKL. Returns a line naming what was packed and the memory it took, `None` when nothing was
-    (not packable, or packed already by an earlier call).
+    the rows of its tree levels and draft updates, each where `packing_pays` on this machine, and switch `sdpa` to
+    grouped-query SDPA, when the target is float32 on CPU with MKL. Returns a line naming what was packed and the
+    memory it took, `None` when nothing new was decided (not packable, or settled by an earlier call).
 
-    Measured on SmolLM2-135M (2-core CPU): an 8-node verification costs 2.3x a plain step with stock weights and
-    1.5x packed, so the fast path is the default; `generate(..., tree_pack_weights=False)` opts out.
+    Measured on SmolLM2-135M (2-core Xeon): an 8-node verification costs 2.3x a plain step with stock weights and
+    1.5x packed, so packing is the default where it pays; `generate(..., tree_pack_weights=False)` opts out.
     """
     if not is_packable_target(target):
         return None
     target_rows, draft_rows = rows_for_trees((n, max_depth, top_k, lookup_tokens) for n in node_counts)
-    missing = [rows for rows in target_rows if not is_packed_for(target, rows)]
-    missing_draft = [rows for rows in draft_rows if is_packable_target(draft) and not is_packed_for(draft, rows)]
+
+    def unsettled(model: nn.Module, rows: list[int]) -> list[int]:
+        return [count for count in rows if not is_packed_for(model, count) and count not in _TIMINGS.get(model, {})]
+
+    missing = unsettled(target, target_rows)
+    missing_draft = unsettled(draft, draft_rows) if is_packable_target(draft) else []
     if not missing and not missing_draft:
         return None
     from .gqa_attention import use_grouped_sdpa
 
+    missing, slower = measured_packing(target, missing)
+    missing_draft, slower_draft = measured_packing(draft, missing_draft)
     extra = _linear_weight_bytes(target) * len(missing) + _linear_weight_bytes(draft) * len(missing_draft)
     if missing:
         pack_linear_weights(target, missing)
@@ -228,10 +314,15 @@ def pack_for_tree_decoding(
         pack_linear_weights(draft, missing_draft)
     if hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target):
         use_grouped_sdpa(draft)  # the head's layer also attends under tree masks while drafting
-    return (
-        f"Tree decoding on CPU: MKL-packed linear weights (target rows {missing}, head rows {missing_draft}), "
-        f"{extra / 2**20:.0f} MiB more memory; generate(..., tree_pack_weights=False) opts out."
-    )
+    parts = []
+    if missing or missing_draft:
+        parts.append(
+            f"MKL-packed linear weights (target rows {missing}, head rows {missing_draft}), {extra / 2**20:.0f} MiB "
+            "more memory"
+        )
+    if slower or slower_draft:
+        parts.append(f"stock weights for target rows {slower}, head rows {slower_draft} (packing measured no faster)")
+    return f"Tree decoding on CPU: {'; '.join(parts)}; generate(..., tree_pack_weights=False) opts out."
 
 
 __all__ = [
@@ -240,11 +331,14 @@ __all__ = [
     "is_packable_target",
     "is_packed_for",
     "packing_would_help",
+    "measured_packing",
     "mkl_packing_available",
     "pack_for_decoding",
     "pack_for_tree_decoding",
     "pack_linear_weights",
+    "packing_pays",
     "rows_for_tree",
     "rows_for_trees",
+    "time_linear_products",
     "unpack_linear_weights",
 ]
