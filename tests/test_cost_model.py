@@ -357,3 +357,32 @@ def test_on_a_busy_machine_a_costly_probe_waits_at_once_and_loses_at_most_the_bu
     assert rate >= 0.97 / PLAIN  # without the ceiling: 0.953 over these 3000 rounds
     late_rate = play_timed(planner, 3000, busy_tree)[1]
     assert late_rate >= (1 - 1.5 * planner.config.probe_budget) / PLAIN
+
+
+def test_a_depth_measured_in_one_unlucky_round_is_explored_again():
+    """A head tuned to 8-node depth-1 trees (top-k 8), whose prompt-lookup chains carry one token past the tree every
+    other round, so depth 1 earns 2.5 tokens a round; depth 2 would earn 3.5 but its first round accepts nothing.
+    Leaning on that one round, depth 2's estimate stays more than `explore_margin` below depth 1's, and the margin
+    alone never tries it again (session 17: the shipped head ran held-out ShareGPT in depth-1 trees, tau 2.18, where
+    the fixed depth-3 tree got 2.53). With `explore_min_rounds=3`, a depth measured in fewer rounds is explored
+    whatever its estimate, and depth 2 is taken; the default (0) keeps the margin alone."""
+
+    def tree_round(shape, index):
+        if shape.depth == 2 and not seen_depth_2:
+            seen_depth_2.append(index)
+            return 0, 2, 1.4 * PLAIN, 0.07
+        chain = index % 2
+        accepted = min(shape.depth, 2) + chain
+        tree_depth = max(shape.depth, accepted + 1) if chain else shape.depth
+        return accepted, tree_depth, 1.4 * PLAIN, 0.02 + 0.05 * (shape.depth - 1)
+
+    rates = {}
+    for min_rounds in (3.0, 0.0):
+        seen_depth_2 = []
+        config = PlannerConfig(explore_min_rounds=min_rounds)
+        planner = RoundPlanner([8], max_depth=5, top_k=8, start=TreeShape(8, 1), config=config)
+        shapes, rates[min_rounds] = play_timed(planner, 300, tree_round)
+        assert seen_depth_2  # the unlucky round happened
+        shallow = sum(shape == TreeShape(8, 1) for shape in shapes[-100:])
+        assert shallow == (0 if min_rounds else 100)
+    assert rates[3.0] > 1.25 * rates[0.0]  # measured 2.20 against 1.67 tokens per plain step
