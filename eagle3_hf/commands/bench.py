@@ -189,7 +189,8 @@ def report_greedy_mismatches(summary: dict, dtype) -> int:
         print(f"ERROR: {mismatches} greedy outputs differ from plain generate", file=sys.stderr)
         return 1
     print(
-        f"WARNING: {mismatches} greedy outputs differ from plain generate with the target in {dtype}; expected "
+        f"WARNING: {mismatches} greedy outputs differ from plain generate with the target in "
+        f"{str(dtype).removeprefix('torch.')}; expected "
         "where plain's two best logits are within a rounding step (scripts/measure_low_precision_ties.py reports "
         "the margin where they part); float32 output is bit-identical.",
         file=sys.stderr,
