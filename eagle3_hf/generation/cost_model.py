@@ -296,7 +296,7 @@ class RoundPlanner:
         if self.plain_streak == 1 and self.tree_rounds:
             # the first plain step after trees prices what the next probe would lose (after the start shape's
             # round, the first chance to): a probe that costs many plain steps waits as many times longer
-            self.probe_interval = max(self.probe_interval, self._probe_floor())
+            self.probe_interval = max(self.probe_interval, self._probe_floor(self._probe_steps_lost()))
 
     def record_deferred_update(self, seconds: float, tokens: int) -> None:
         """Encoding the `tokens` of earlier plain steps into the draft took `seconds` (before a tree round)."""
@@ -366,9 +366,10 @@ class RoundPlanner:
             return False
         return self.tree_gain < -self.config.probe_budget * self.all_seconds
 
-    def _probe_loss(self) -> float:
-        """Seconds a probe of the best tree is expected to lose against plain steps (0 when trees win or nothing
-        is known): the estimate's, or while trees are losing what a tree really lost on average, if more."""
+    def _probe_steps_lost(self) -> float:
+        """Plain steps' worth of time a probe of the best tree is expected to lose against plain steps (0 when trees
+        win or nothing is known): the estimate's, or while trees are losing what a tree really lost on average, if
+        more."""
         best, best_rate = self._best_tree()
         plain_rate = self.plain_rate()
         if math.isnan(best_rate) or math.isnan(plain_rate):
@@ -376,24 +377,24 @@ class RoundPlanner:
         loss = self.round_seconds(best) * (1 - best_rate / plain_rate) if best_rate < plain_rate else 0.0
         if self.trees_losing:
             loss = max(loss, -self.tree_gain / self.trees_counted)
-        return max(loss, 0.0)
+        return max(loss, 0.0) / self.plain_seconds.value
 
-    def _probe_floor(self) -> int:
-        """The fewest plain steps before a probe that keep its loss within `probe_loss_ceiling` of theirs."""
-        steps_lost = self._probe_loss() / self.plain_seconds.value if self.plain_seconds.value else 0.0
+    def _probe_floor(self, steps_lost: float) -> int:
+        """The fewest plain steps before a probe that loses `steps_lost` plain steps keeping its loss within
+        `probe_loss_ceiling` of theirs."""
         return max(self.config.probe_interval, math.ceil(steps_lost / self.config.probe_loss_ceiling))
 
     def _budgeted_probe_interval(self) -> int:
         """Plain steps until the next probe: as many as make the expected loss of a probe against plain steps
         `probe_budget` of the time, at most twice the last interval and `max_probe_interval` times the plain steps
-        a probe loses (once, if fewer); never fewer than `_probe_floor()`."""
+        a probe loses (once, if fewer); never fewer than `_probe_floor`."""
         config = self.config
-        steps_lost = self._probe_loss() / self.plain_seconds.value if self.plain_seconds.value else 0.0
+        steps_lost = self._probe_steps_lost()
         if steps_lost <= 0:
             return config.probe_interval
         budgeted = math.ceil(steps_lost / config.probe_budget)
         longest = math.ceil(config.max_probe_interval * max(1.0, steps_lost))
-        return max(self._probe_floor(), min(budgeted, 2 * self.probe_interval, longest))
+        return max(self._probe_floor(steps_lost), min(budgeted, 2 * self.probe_interval, longest))
 
     # ------------------------------------------------------------------------------------------------ estimates
     def expected_draft_tokens(self, shape: TreeShape, bucket: int | None = None) -> float:

@@ -150,7 +150,8 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 3) -> tuple
     torch 2.13), it cut the linear layers' time by a third on a Xeon with AVX-512, and made it 8% longer on an AMD
     EPYC. So it is timed on the machine: one layer per distinct weight shape (a transformer repeats a handful), its
     time counted once per layer of that shape, stock `F.linear` against the packed kernel (the weight packed for the
-    measurement only), alternating, the fastest of `repeats` runs each (another process only ever slows a run down).
+    measurement only), each called once untimed, then alternating, the fastest of `repeats` runs each (another
+    process only ever slows a run down).
     `packing_pays` runs it once per model and row count: about 0.2 s for SmolLM2-135M on 2 cores (most of it its
     49k-row output projection), 40 ms for its head.
     """
@@ -164,6 +165,8 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 3) -> tuple
         weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
         pack = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         inputs = torch.randn(rows, layer.in_features)
+        F.linear(inputs, weight, bias)  # first calls pay for MKL's lazy set-up: untimed
+        torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, rows)
         runs = {"stock": [], "packed": []}
         for _ in range(repeats):
             start = time.perf_counter()
@@ -183,10 +186,9 @@ _TIMINGS: "weakref.WeakKeyDictionary[nn.Module, dict[int, tuple[float, float]]]"
 
 def packing_pays(model: nn.Module, rows: int) -> bool:
     """Whether packing `model` for `rows` rows saves at least `PACKING_MIN_SAVING` of its linear layers' time on this
-    machine (`time_linear_products`, once per model and row count, after a warm-up run)."""
+    machine (`time_linear_products`, once per model and row count)."""
     timings = _TIMINGS.setdefault(model, {})
     if rows not in timings:
-        time_linear_products(model, rows, repeats=1)  # first calls pay for MKL's lazy set-up
         timings[rows] = time_linear_products(model, rows)
     stock, packed = timings[rows]
     return packed < (1 - PACKING_MIN_SAVING) * stock
