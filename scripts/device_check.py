@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 
@@ -58,6 +59,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 import eagle3_hf  # noqa: E402
 from eagle3_hf import Eagle3DraftModel  # noqa: E402
 from eagle3_hf.bench.measure import StepClock  # noqa: E402
+from eagle3_hf.generation.cuda_attention import tree_attention_kernels  # noqa: E402
 from eagle3_hf.generation.drafter import TreeDrafter  # noqa: E402
 from eagle3_hf.generation.verify import attention_layer_kinds, verify_tree  # noqa: E402
 from eagle3_hf.target import gather_target_features  # noqa: E402
@@ -569,6 +571,8 @@ def run_speed(device: torch.device, args, report: dict, save, deadline: float) -
 
     reference, plain_seconds = plain_baseline(target, prompt, sigma, device, args, section)
     save()
+    section["sdpa_new_shapes"] = sdpa_new_shapes(target, prompt.shape[1], device, args.repeats)
+    save()
     component_timings(target, head, prompt, reference, device, args, section)
     save()
     print(f"[speed] component timings done at {time.perf_counter() - began:.1f} s", flush=True)
@@ -629,6 +633,46 @@ def plain_baseline(target, prompt, sigma, device, args, section: dict) -> tuple[
         "step_ms_inside_generate": median_interval_ms(clock),
     }
     return reference, statistics.median(runs)
+
+
+def sdpa_new_shapes(target, prompt_length: int, device: torch.device, repeats: int) -> dict:
+    """One attention call of the target's shape, each at a cache length not seen before, as every round of tree
+    decoding makes (ms per call, medians): a 60-row tree query under its additive mask with torch's default backend
+    order, the same inside `tree_attention_kernels` (cuDNN's SDPA off, what the tree loop uses), the masked query at
+    one repeated length, and a one-row unmasked query as plain decoding runs it. On CUDA 13 builds of torch, Hopper
+    tries cuDNN first, which plans per shape (`eagle3_hf/generation/cuda_attention.py`): this measures what that
+    costs. Keys and values are repeated to the query heads, as Transformers' sdpa path does under a mask."""
+    config = target.config
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    nodes, dtype = SPEED_TREE["tree_total_tokens"], target.dtype
+    lengths = iter(range(prompt_length + nodes, 10**6, 7))  # every call a new length, across all variants
+
+    def call(rows: int, length: int, masked: bool):
+        query = torch.randn(1, heads, rows, head_dim, device=device, dtype=dtype)
+        key, value = (torch.randn(1, heads, length, head_dim, device=device, dtype=dtype) for _ in range(2))
+        mask = torch.zeros(1, 1, rows, length, device=device, dtype=dtype) if masked else None
+        if masked:  # a tree's shape of mask: the nodes' own block is lower triangular
+            mask[..., length - rows :] = torch.full((rows, rows), float("-inf"), device=device, dtype=dtype).triu(1)
+        return lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+
+    def new_lengths(rows: int, masked: bool, context) -> dict:
+        times = []
+        for _ in range(repeats + 1):
+            fn = call(rows, next(lengths), masked)
+            with context():
+                times += time_region(fn, device, repeats=1, warmup=0)
+        return summary_ms(times[1:])  # the first call of a variant also selects its kernels
+
+    with torch.no_grad():
+        return {
+            "tree_query_new_length_default_ms": new_lengths(nodes, True, nullcontext),
+            "tree_query_new_length_eagle3_ms": new_lengths(nodes, True, lambda: tree_attention_kernels(device)),
+            "tree_query_same_length_default_ms": summary_ms(
+                time_region(call(nodes, prompt_length + nodes, True), device, repeats)
+            ),
+            "one_row_new_length_default_ms": new_lengths(1, False, nullcontext),
+            "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
+        }
 
 
 def component_timings(target, head, prompt, reference, device, args, section: dict) -> None:
@@ -930,6 +974,18 @@ def markdown(report: dict) -> str:
         lines += [
             f"Host syncs: depth-6 grow {fmt(comp.get('draft_grow_depth_6'))}, 4-token update "
             f"{fmt(comp.get('draft_update_4_tokens'))} (`-`: not countable off CUDA).",
+            "",
+        ]
+    if speed and "sdpa_new_shapes" in speed:
+        a = speed["sdpa_new_shapes"]
+        lines += [
+            "One attention call of the target's shape (ms, median), at a cache length new to each call as in tree "
+            f"decoding: a {SPEED_TREE['tree_total_tokens']}-row tree query under its mask, default backends "
+            f"{fmt(a['tree_query_new_length_default_ms']['median_ms'], 3)}, with cuDNN's SDPA off as the tree loop "
+            f"runs it {fmt(a['tree_query_new_length_eagle3_ms']['median_ms'], 3)}; at one repeated length, default "
+            f"{fmt(a['tree_query_same_length_default_ms']['median_ms'], 3)}; a one-row unmasked query (plain "
+            f"decoding), new lengths, default {fmt(a['one_row_new_length_default_ms']['median_ms'], 3)} "
+            f"(cuDNN SDPA enabled by default: {a['cudnn_sdp_enabled']}).",
             "",
         ]
     if speed and "e2e" in speed:

@@ -53,6 +53,9 @@ def test_smoke_run_reports_identical_greedy_and_every_measurement(tmp_path):
     assert set(speed["draft_grow_ms_by_depth"]) == {str(d) for d in range(1, 7)}
     assert set(speed["draft_update_ms_by_tokens"]) == {"1", "4", "7"}
     assert "draft_level_ms" in speed and "oracle_overhead_ms_per_grow" in speed
+    attention = speed["sdpa_new_shapes"]  # the per-shape cost of each SDPA backend choice, one call at a time
+    for variant in ("tree_query_new_length_default", "tree_query_new_length_eagle3", "one_row_new_length_default"):
+        assert attention[f"{variant}_ms"]["repeats"] == 2 and attention[f"{variant}_ms"]["median_ms"] > 0, variant
     methods = ("tree", "adaptive", "chain")
     assert set(speed["e2e"]) == {f"{method}_alpha{alpha}" for method in methods for alpha in (0.6, 0.8)}
     for key, entry in speed["e2e"].items():

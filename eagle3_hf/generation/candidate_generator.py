@@ -34,6 +34,7 @@ from transformers.utils import ModelOutput
 
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
+from .cuda_attention import tree_attention_kernels
 from .verify import check_stateless_processors
 
 
@@ -160,13 +161,13 @@ class Eagle3CandidateGenerator(CandidateGenerator):
         model_kwargs = model_kwargs or {}
         self._attention_mask = model_kwargs.get("attention_mask")
         self._position_ids = model_kwargs.get("position_ids")
-        last_hidden, last_logits = self._encode_new_pairs(input_ids, model_outputs, n_last_matches)
-
         # The target verifies k candidates and adds a bonus token: stay within max_length.
         num_candidates = min(self.num_assistant_tokens, self.max_length - input_ids.shape[1] - 1)
-        if num_candidates <= 0:
-            return input_ids, None
-        candidates = self._draft_chain(input_ids, last_hidden, last_logits, num_candidates)
+        with tree_attention_kernels(self.draft.device):  # masked head forwards: keep them off cuDNN's SDPA
+            last_hidden, last_logits = self._encode_new_pairs(input_ids, model_outputs, n_last_matches)
+            if num_candidates <= 0:
+                return input_ids, None
+            candidates = self._draft_chain(input_ids, last_hidden, last_logits, num_candidates)
         self._last_num_candidates = num_candidates
         candidates = candidates.to(input_ids.device)
         candidate_logits = torch.full(

@@ -12,6 +12,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..modeling_eagle3 import Eagle3DraftModel
+from .cuda_attention import tree_attention_kernels
 from .tree import DraftTree, additive_mask, ancestor_matrix, build_tree
 
 
@@ -52,15 +53,16 @@ class TreeDrafter:
             keep = torch.ones(num_new, dtype=torch.bool, device=device) if keep is None else keep.to(device)
             self.past_keep = torch.cat([self.past_keep, keep])
             attention_mask = self.past_keep.long()[None]
-        out = self.draft(
-            input_ids=tokens.to(device),
-            target_hidden_states=features.to(device),
-            attention_mask=attention_mask,
-            position_ids=torch.arange(past, past + num_new, device=device)[None],
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with tree_attention_kernels(device):
+            out = self.draft(
+                input_ids=tokens.to(device),
+                target_hidden_states=features.to(device),
+                attention_mask=attention_mask,
+                position_ids=torch.arange(past, past + num_new, device=device)[None],
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self._last_hidden = out.hidden_states[0, -1]
         self._last_logits = out.logits[0, -1]
 
@@ -216,14 +218,15 @@ class TreeDrafter:
         past = torch.ones(tokens.shape[0], stable, dtype=torch.bool, device=device)
         if self.past_keep is not None:
             past = past & self.past_keep[None, :]
-        out = self.draft(
-            input_ids=tokens[None],
-            hidden_states=hidden[None],
-            attention_mask=additive_mask(torch.cat([past, visible], dim=1), dtype),
-            position_ids=torch.full((1, tokens.shape[0]), stable - 1 + level, device=device),
-            cache=self.cache,
-            use_cache=True,
-        )
+        with tree_attention_kernels(device):
+            out = self.draft(
+                input_ids=tokens[None],
+                hidden_states=hidden[None],
+                attention_mask=additive_mask(torch.cat([past, visible], dim=1), dtype),
+                position_ids=torch.full((1, tokens.shape[0]), stable - 1 + level, device=device),
+                cache=self.cache,
+                use_cache=True,
+            )
         return out.hidden_states[0], out.logits[0]
 
 

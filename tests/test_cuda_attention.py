@@ -1,0 +1,121 @@
+"""`tree_attention_kernels`: masked tree and draft forwards run with cuDNN's SDPA off on CUDA, and only there."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from eagle3_hf.generation import candidate_generator, cuda_attention, drafter, verify
+from eagle3_hf.generation.cuda_attention import tree_attention_kernels
+
+
+@pytest.fixture
+def cudnn_sdp_restored():
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_cuda_context_turns_cudnn_sdpa_off_and_restores_it(cudnn_sdp_restored):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    flash, efficient = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()
+    with tree_attention_kernels(torch.device("cuda", 0)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        # the caller's other choices stay as they were
+        assert torch.backends.cuda.flash_sdp_enabled() == flash
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() == efficient
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_cuda_context_restores_the_setting_after_an_error(cudnn_sdp_restored):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    with pytest.raises(RuntimeError, match="inside"):
+        with tree_attention_kernels("cuda"):
+            raise RuntimeError("inside")
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_a_caller_who_turned_cudnn_off_keeps_it_off(cudnn_sdp_restored):
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    with tree_attention_kernels("cuda"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_cpu_context_changes_nothing(cudnn_sdp_restored):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    with tree_attention_kernels(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.fixture
+def forwards_in_context(monkeypatch):
+    """Counts the forwards of the target and the head that run inside `tree_attention_kernels`, wherever the
+    generation modules enter it; the context is taken as if on CUDA."""
+    entered = {"depth": 0, "calls": 0}
+
+    @contextmanager
+    def spy(device):
+        entered["depth"] += 1
+        entered["calls"] += 1
+        try:
+            with cuda_attention._without_cudnn_sdpa():
+                yield
+        finally:
+            entered["depth"] -= 1
+
+    for module in (verify, drafter, candidate_generator):
+        monkeypatch.setattr(module, "tree_attention_kernels", spy)
+    return entered
+
+
+def _record_forwards(model, inside: list, entered: dict):
+    """Hook `model`'s forward to note, per call, its query length and whether it ran inside the context."""
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        inside.append((ids.shape[1], entered["depth"] > 0, torch.backends.cuda.cudnn_sdp_enabled()))
+
+    return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_tree_decoding_runs_every_tree_and_draft_forward_off_cudnn(
+    tiny_target, tiny_draft, forwards_in_context, cudnn_sdp_restored
+):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    target_calls, head_calls = [], []
+    handles = [
+        _record_forwards(tiny_target, target_calls, forwards_in_context),
+        _record_forwards(tiny_draft, head_calls, forwards_in_context),
+    ]
+    try:
+        prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+        tiny_target.generate(
+            prompt, assistant_model=tiny_draft, do_sample=False, max_new_tokens=12, tree_total_tokens=6, tree_depth=3
+        )
+    finally:
+        for handle in handles:
+            handle.remove()
+    prefill, *rounds = target_calls
+    trees = [call for call in rounds if call[0] > 1]
+    plain_steps = [call for call in rounds if call[0] == 1]  # the last round, with no room left for a draft
+    assert not prefill[1], "the prefill is plain generate's forward and keeps the default backends"
+    assert trees and all(inside and not cudnn for _, inside, cudnn in trees), target_calls
+    assert all(not inside and cudnn for _, inside, cudnn in plain_steps), "plain steps run as plain generate's"
+    assert head_calls and all(inside and not cudnn for _, inside, cudnn in head_calls), head_calls
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_chain_mode_drafts_off_cudnn(tiny_target, tiny_draft, forwards_in_context, cudnn_sdp_restored):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    head_calls = []
+    handle = _record_forwards(tiny_draft, head_calls, forwards_in_context)
+    try:
+        prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
+        tiny_target.generate(
+            prompt, assistant_model=tiny_draft, eagle3_mode="chain", do_sample=False, max_new_tokens=8
+        )
+    finally:
+        handle.remove()
+    assert head_calls and all(inside and not cudnn for _, inside, cudnn in head_calls), head_calls
+    assert torch.backends.cuda.cudnn_sdp_enabled()
