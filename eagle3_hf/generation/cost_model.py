@@ -18,8 +18,9 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   over its `d` positions and the lookup positions past them that rounds reached. A shape with few observations
   leans on the nearest measured shape (a prior worth `prior_weight` rounds), and a position beyond that on the one
   before it, which is optimistic for depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
-  estimate is within `explore_margin` of the best, or (off by default) rests on fewer than `explore_min_rounds`
-  rounds (a neighbour measured clearly worse costs nothing more).
+  estimate is within `explore_margin` of the best, or rests on fewer than `explore_min_rounds` rounds (so that
+  one unlucky first round cannot condemn a depth; a neighbour measured clearly worse in enough rounds costs nothing
+  more).
 - **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps. After each
   probe the interval is what the probe budget allows: a probe is expected to lose `seconds * (1 - r)` against plain
   steps, `r` being the best tree's estimated tokens per second over plain steps', so probing every
@@ -209,9 +210,14 @@ class PlannerConfig:
         explore_margin (`float`): explore a neighbour only while its estimated rate is at least `1 - explore_margin`
             times the best's, or while it was measured in fewer than `explore_min_rounds` rounds.
         explore_min_rounds (`float`): the (decayed) rounds a neighbour is measured in before its estimate may stop
-            its exploration, so that one unlucky first round cannot condemn a depth for good. Off (0) by default:
-            at 3 it fixed held-out ShareGPT at T=0 (1.003 of the fixed tree, was 0.958) but the same run lost at
-            T=1 (HumanEval 0.925 of the fixed tree); not yet measured apart from run-to-run noise (session 17).
+            its exploration, so that one unlucky first round cannot condemn a depth for good; 0 turns the floor
+            off. What it costs is bounded: a shape's weight grows only with its own rounds (1, 1.95, 2.85, 3.71 at
+            `decay` 0.95), so the floor forces at most 4 rounds of each depth in a planner's life, which spans
+            every `generate` call of a head and target. Without it the shipped head fell into 8-node depth-1 trees
+            on held-out ShareGPT at T=0 in two of three runs (0.958 and 0.976 of the fixed depth-3 tree, sessions
+            17 and 18); with it, 1.003. Paired against the planner without it (`scripts/measure_planner.py
+            --measure gating`, 24 prompts, session 18): 1.002 (0.984-1.023) on ShareGPT at T=0 where neither fell
+            into the trap, 0.978 (0.941-1.016) on HumanEval at T=1, within run-to-run noise.
         use_confidence (`bool`): choose by the head's root confidence when the loop knows it (`choose(confidence=)`);
             `False` chooses every round blind, as the planner did before it knew confidences (for comparisons).
         gain_decay (`float`): weight of the past, per round (plain or tree), in the account of what trees really
@@ -232,7 +238,7 @@ class PlannerConfig:
     probe_loss_ceiling: float = 0.1
     explore_every: int = 8
     explore_margin: float = 0.1
-    explore_min_rounds: float = 0.0
+    explore_min_rounds: float = 3.0
     use_confidence: bool = True
     gain_decay: float = 0.99
     gain_min_trees: float = 4.0
