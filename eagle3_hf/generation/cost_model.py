@@ -215,9 +215,10 @@ class PlannerConfig:
             `decay` 0.95), so the floor forces at most 4 rounds of each depth in a planner's life, which spans
             every `generate` call of a head and target. Without it the shipped head fell into 8-node depth-1 trees
             on held-out ShareGPT at T=0 in two of three runs (0.958 and 0.976 of the fixed depth-3 tree, sessions
-            17 and 18); with it, 1.003. Paired against the planner without it (`scripts/measure_planner.py
-            --measure gating`, 24 prompts, session 18): 1.002 (0.984-1.023) on ShareGPT at T=0 where neither fell
-            into the trap, 0.978 (0.941-1.016) on HumanEval at T=1, within run-to-run noise.
+            17 and 18); with it, 1.003 and 1.012. Paired against the planner without it (`scripts/measure_planner.py
+            --measure gating`, 24 prompts, session 18): 0.998 (0.978-1.016) on ShareGPT at T=0 where neither fell
+            into the trap, 0.978 (0.941-1.016) on HumanEval and 1.004 (0.978-1.034) on MT-bench at T=1, within
+            run-to-run noise.
         use_confidence (`bool`): choose by the head's root confidence when the loop knows it (`choose(confidence=)`);
             `False` chooses every round blind, as the planner did before it knew confidences (for comparisons).
         gain_decay (`float`): weight of the past, per round (plain or tree), in the account of what trees really
