@@ -177,15 +177,13 @@ def _side(name, args, target, tokenizer, records, data_args, work_dir: Path, reg
 
 def _pack_head(draft, rows: list[int], mode: str) -> str:
     """Pack the head's weights for `rows`-row inputs as `generate` does on CPU (`--pack-weights`); a description."""
-    from eagle3_hf.generation.cpu_packing import is_packable_target, measured_packing, pack_linear_weights
+    from eagle3_hf.generation.cpu_packing import is_packable_target, pack_rows
     from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 
     if mode == "off" or not rows or (mode == "auto" and not is_packable_target(draft)):
         return "stock weights"
-    if mode == "auto":  # where packing measurably pays on this machine, as generate decides
-        rows = measured_packing(draft, rows)[0]
-    if rows:
-        pack_linear_weights(draft, rows)  # with "on", raises where it cannot pack
+    # "auto": where packing measurably pays on this machine, as generate decides; "on" raises where it cannot pack
+    rows = pack_rows(draft, rows, measure=mode == "auto")[0]
     grouped = use_grouped_sdpa(draft)
     weights = f"MKL-packed head weights (rows {rows})" if rows else "stock head weights (packing measured no faster)"
     return weights + ("; grouped-query SDPA" if grouped else "")

@@ -239,6 +239,25 @@ def rows_for_trees(shapes) -> tuple[list[int], list[int]]:
     return sorted(target_rows), sorted(draft_rows)
 
 
+def pack_rows(model: nn.Module, rows, measure: bool = True) -> tuple[list[int], list[int]]:
+    """Pack `model`'s linear weights for `rows`-row inputs: only the row counts where `packing_pays` with `measure`,
+    all of them (raising where it cannot) without. Returns `(packed row counts, row counts left stock)`."""
+    packed, stock = measured_packing(model, rows) if measure else (sorted(set(rows)), [])
+    if packed:
+        pack_linear_weights(model, packed)
+    return packed, stock
+
+
+def _group_attention(target: nn.Module, draft: nn.Module | None) -> bool:
+    """Switch an `sdpa` target, and then its head, to grouped-query SDPA under tree masks; whether it was done."""
+    from .gqa_attention import use_grouped_sdpa
+
+    grouped = hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target)
+    if grouped and draft is not None:
+        use_grouped_sdpa(draft)  # the head's one layer also attends under tree masks while drafting
+    return grouped
+
+
 def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, draft_rows, mode: str = "auto") -> str:
     """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
 
@@ -252,21 +271,10 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
         raise ValueError(f"pack mode {mode!r}; expected one of {PACK_MODES}.")
     if mode == "off" or (mode == "auto" and not is_packable_target(target)):
         return "stock weights"
-    from .gqa_attention import use_grouped_sdpa
-
-    target_rows, draft_rows = sorted(set(target_rows)), sorted(set(draft_rows))
-    slower_target, slower_draft = [], []
-    if mode == "auto":
-        target_rows, slower_target = measured_packing(target, target_rows)
-        if draft is not None:
-            draft_rows, slower_draft = measured_packing(draft, draft_rows)
-    if target_rows:
-        pack_linear_weights(target, target_rows)
-    if draft is not None and draft_rows:
-        pack_linear_weights(draft, draft_rows)
-    grouped = hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target)
-    if grouped and draft is not None:
-        use_grouped_sdpa(draft)  # the head's one layer also attends under tree masks while drafting
+    measure = mode == "auto"
+    target_rows, slower_target = pack_rows(target, target_rows, measure)
+    draft_rows, slower_draft = pack_rows(draft, draft_rows, measure) if draft is not None else ([], [])
+    grouped = _group_attention(target, draft)
     parts = [f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows})"]
     if not target_rows and not draft_rows:
         parts = ["stock weights"]
@@ -305,17 +313,10 @@ def pack_for_tree_decoding(
     missing_draft = unsettled(draft, draft_rows) if is_packable_target(draft) else []
     if not missing and not missing_draft:
         return None
-    from .gqa_attention import use_grouped_sdpa
-
-    missing, slower = measured_packing(target, missing)
-    missing_draft, slower_draft = measured_packing(draft, missing_draft)
+    missing, slower = pack_rows(target, missing)
+    missing_draft, slower_draft = pack_rows(draft, missing_draft)
     extra = _linear_weight_bytes(target) * len(missing) + _linear_weight_bytes(draft) * len(missing_draft)
-    if missing:
-        pack_linear_weights(target, missing)
-    if missing_draft:
-        pack_linear_weights(draft, missing_draft)
-    if hasattr(target, "set_attn_implementation") and use_grouped_sdpa(target):
-        use_grouped_sdpa(draft)  # the head's layer also attends under tree masks while drafting
+    _group_attention(target, draft)
     parts = []
     if missing or missing_draft:
         parts.append(
@@ -338,6 +339,7 @@ __all__ = [
     "pack_for_decoding",
     "pack_for_tree_decoding",
     "pack_linear_weights",
+    "pack_rows",
     "packing_pays",
     "rows_for_tree",
     "rows_for_trees",
