@@ -59,7 +59,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 import eagle3_hf  # noqa: E402
 from eagle3_hf import Eagle3DraftModel  # noqa: E402
 from eagle3_hf.bench.measure import StepClock  # noqa: E402
-from eagle3_hf.generation.cuda_attention import tree_attention_kernels  # noqa: E402
+from eagle3_hf.generation.cuda_attention import leave_sdpa_to_torch, tree_attention_kernels  # noqa: E402
 from eagle3_hf.generation.drafter import TreeDrafter  # noqa: E402
 from eagle3_hf.generation.verify import attention_layer_kinds, verify_tree  # noqa: E402
 from eagle3_hf.target import gather_target_features  # noqa: E402
@@ -127,6 +127,9 @@ FORWARD_SIZES = (1, 8, 16, 32, 60, 64)
 UPDATE_SIZES = (1, 4, 7)  # tokens a round hands to the head: 1 + accepted, at most depth + 1
 ALPHAS = (0.6, 0.8)
 E2E_METHODS = ("tree", "adaptive", "chain")
+# the fixed tree once more with cuDNN's SDPA left in torch's order (`cuda_attention.leave_sdpa_to_torch`): what the
+# tree loop's own backend choice is worth, in the same run
+E2E_EXTRA = (("tree_cudnn", 0.8),)
 
 
 # ------------------------------------------------------------------------------------------------- the drafter
@@ -587,11 +590,15 @@ def run_speed(device: torch.device, args, report: dict, save, deadline: float) -
 
 
 def generate_with(target, head, prompt, reference, method: str, alpha: float, new: int, seed: int, streamer=None):
-    """One greedy `generate` call: plain, tree (the fixed 60-node shape), adaptive (the round planner, starting
-    from that shape) or chain mode, the head steered at acceptance `alpha`."""
+    """One greedy `generate` call: plain, tree (the fixed 60-node shape), tree_cudnn (the same with cuDNN's SDPA
+    left in torch's order), adaptive (the round planner, starting from that shape) or chain mode, the head steered at
+    acceptance `alpha`."""
     if method == "plain":
         return target.generate(prompt, do_sample=False, max_new_tokens=new, streamer=streamer)
     head.steer(reference, alpha=alpha, seed=seed)
+    if method == "tree_cudnn":
+        with leave_sdpa_to_torch():
+            return generate_with(target, head, prompt, reference, "tree", alpha, new, seed, streamer)
     if method in ("tree", "adaptive"):
         return target.generate(
             prompt,
@@ -765,6 +772,7 @@ def end_to_end(target, head, prompt, reference, plain_seconds, device, args, sec
     clocks affect every method alike; then one call each with a `Clock` for the median round."""
     new = args.new_tokens
     runs = {(method, alpha): [] for method in E2E_METHODS for alpha in ALPHAS}
+    runs.update({key: [] for key in E2E_EXTRA})
     details = {key: [] for key in runs}
     for repeat in range(args.e2e_repeats):
         if repeat and time.time() > deadline - 2 * sum(times[-1] for times in runs.values()):

@@ -42,6 +42,15 @@ def test_a_caller_who_turned_cudnn_off_keeps_it_off(cudnn_sdp_restored):
     assert not torch.backends.cuda.cudnn_sdp_enabled()
 
 
+def test_inside_leave_sdpa_to_torch_the_choice_is_torchs(cudnn_sdp_restored):
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    with cuda_attention.leave_sdpa_to_torch():
+        with tree_attention_kernels("cuda"):
+            assert torch.backends.cuda.cudnn_sdp_enabled()
+    with tree_attention_kernels("cuda"):  # and only inside it
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_cpu_context_changes_nothing(cudnn_sdp_restored):
     torch.backends.cuda.enable_cudnn_sdp(True)
     with tree_attention_kernels(torch.device("cpu")):

@@ -18,12 +18,16 @@ to the memory-efficient kernel, which takes any additive mask and builds no plan
 
 `tree_attention_kernels(device)` is the context the tree loop and the chain drafter run their masked forwards in: it
 switches the cuDNN backend off (`torch.backends.cuda.enable_cudnn_sdp(False)`) for the duration and restores the
-caller's setting after; every other backend choice of the caller stays as it was. A nullcontext off CUDA.
+caller's setting after; every other backend choice of the caller stays as it was. A nullcontext off CUDA, and
+inside `leave_sdpa_to_torch()` (for comparisons: `scripts/device_check.py` times the tree both ways).
 """
 
 from contextlib import contextmanager, nullcontext
 
 import torch
+
+
+_leave_to_torch = False  # set inside `leave_sdpa_to_torch()`
 
 
 @contextmanager
@@ -38,6 +42,22 @@ def _without_cudnn_sdpa():
             torch.backends.cuda.enable_cudnn_sdp(True)
 
 
+@contextmanager
+def leave_sdpa_to_torch():
+    """Within it, tree and draft forwards leave the SDPA backend to torch's own order, cuDNN included."""
+    global _leave_to_torch
+    before, _leave_to_torch = _leave_to_torch, True
+    try:
+        yield
+    finally:
+        _leave_to_torch = before
+
+
 def tree_attention_kernels(device: torch.device):
     """The context for a forward with a tree or draft mask on `device`: cuDNN's SDPA off on CUDA, nothing elsewhere."""
-    return _without_cudnn_sdpa() if torch.device(device).type == "cuda" else nullcontext()
+    if _leave_to_torch or torch.device(device).type != "cuda":
+        return nullcontext()
+    return _without_cudnn_sdpa()
+
+
+__all__ = ["leave_sdpa_to_torch", "tree_attention_kernels"]
