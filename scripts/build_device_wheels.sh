@@ -48,16 +48,17 @@ mkdir -p "$WHEELS"
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "${requirements[@]}"
 
 wheels=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
-# what the device tool sends: tracked and untracked-not-ignored files that exist (a tracked file moved out of the way
-# for the call does not travel, and du would stop the script on it)
-tree=$(git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
-    du -cb --files0-from=- | tail -1 | cut -f1)
+# What the device tool sends: tracked and untracked-not-ignored files that exist (a tracked file moved out of the way
+# for the call does not travel, and du would stop the script on it), NUL-separated.
+travelling_files() {
+    git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done
+}
+tree=$(travelling_files | du -cb --files0-from=- | tail -1 | cut -f1)
 ls -l "$WHEELS"
 echo "wheels $((wheels / 1024)) KiB + working tree $((tree / 1024)) KiB = $(((wheels + tree) / 1024)) KiB" \
     "of $((LIMIT / 1024)) KiB"
 if [ $((wheels + tree)) -gt "$LIMIT" ]; then
     echo "over the device tool's 64 MiB: move the largest files aside for the call (docs/cuda.md), e.g." >&2
-    git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
-        du -b --files0-from=- | sort -n | tail -4 >&2
+    travelling_files | du -b --files0-from=- | sort -n | tail -4 >&2
     exit 1
 fi
