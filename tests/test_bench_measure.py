@@ -36,9 +36,10 @@ def test_prompt_lookup_rounds_keep_the_tokens_of_its_first_forward(tiny_target):
 
 def test_plain_generate_has_one_token_per_round(tiny_target):
     ids = torch.tensor([[1, 2, 3]])
-    new_ids, seconds, rounds, shapes, confidences = timed_generate(tiny_target, ids, "plain", 0.0, 6)
+    new_ids, seconds, rounds, shapes, confidences, threads = timed_generate(tiny_target, ids, "plain", 0.0, 6)
     assert len(new_ids) == 6 and seconds > 0
-    assert rounds == [1] * 5 and shapes is None and confidences is None  # the first new token: the prefill's
+    assert rounds == [1] * 5  # the first new token: the prefill's
+    assert shapes is None and confidences is None and threads is None
 
 
 def test_record_rounds_removes_its_hook(tiny_target):
@@ -84,7 +85,7 @@ def test_greedy_mismatches_are_unknown_where_no_output_is_compared():
     ]
     rows = summarize(records)["rows"]
     assert [r["greedy_mismatches"] for r in rows] == [None, None]
-    assert "| humaneval | 1 | tree | 1.00 | 10.0 | 1.00x | - | - | 1 |" in markdown_table({"rows": rows})
+    assert "| humaneval | 1 | tree | 1.00 | 10.0 | 1.00x | - | - | - | 1 |" in markdown_table({"rows": rows})
 
 
 def _prompt_record(method, prompt_id, tokens, seconds):
@@ -146,7 +147,7 @@ def test_summary_speedup_tau_and_categories(tmp_path):
     assert ("mt_bench/writing", "tree") in rows
     summary = summarize(records)
     text = markdown_table(summary, "test machine", "eagle3-hf bench")
-    assert "| mt_bench | 0 | tree | 3.00 | 10.0 | 2.00x | - | 1 | 2 |" in text
+    assert "| mt_bench | 0 | tree | 3.00 | 10.0 | 2.00x | - | - | 1 | 2 |" in text
     paths = write_report(summary, tmp_path, "m", "c")
     assert {p.name for p in paths} == {
         "results.json",
@@ -185,10 +186,13 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
     assert all(0 < r.new_tokens <= 6 and sum(r.tokens_per_round) == r.new_tokens - 1 for r in records)
     rows = summarize(records)["rows"]
     assert {r["method"] for r in rows} == {"plain", "prompt_lookup", "chain", "tree", "tree_lookup", "adaptive"}
+    assert all(r["fewer_threads_share"] in (None, 0.0) for r in rows)
     assert any(r["dataset"] == "mt_bench/writing" for r in rows)
     for record in records:  # the head's rounds record their shapes, one per round; other methods have none
         if record.method in ("tree", "tree_lookup", "adaptive"):
             assert len(record.round_shapes) == len(record.tokens_per_round) == len(record.round_confidences)
+            # the tests run on one thread: nothing to adapt, every round on the caller's count
+            assert record.threads == 1 and record.round_threads == [1] * len(record.round_shapes)
             drafted = [c for (_, depth), c in zip(record.round_shapes, record.round_confidences) if depth > 0]
             assert all(0 < confidence <= 1 for confidence in drafted)  # every tree records what it was drafted from
         if record.method in ("tree", "tree_lookup"):  # a fixed shape drafts in every round but a last 1-token one
@@ -200,10 +204,12 @@ def test_run_benchmark_on_tiny_models_checks_every_method(tiny_target, tiny_draf
 def test_the_share_of_tree_rounds_counts_the_adaptive_defaults_plain_steps():
     adaptive = _record("adaptive", 10, 1.0, [3, 1, 1, 3])
     adaptive.round_shapes = [(8, 3), (1, 0), (1, 0), (6, 2)]
+    adaptive.round_threads, adaptive.threads = [2, 1, 2, 2], 2  # one round on fewer threads than the caller's
     summary = summarize([_record("plain", 10, 2.0, [1] * 9), adaptive])
     rows = {r["method"]: r for r in summary["rows"] if r["dataset"] == "mt_bench"}
     assert rows["adaptive"]["tree_round_share"] == 0.5 and rows["plain"]["tree_round_share"] is None
-    assert "| mt_bench | 0 | adaptive | 2.00 | 10.0 | 2.00x | 50% | 0 | 1 |" in markdown_table(summary)
+    assert rows["adaptive"]["fewer_threads_share"] == 0.25 and rows["plain"]["fewer_threads_share"] is None
+    assert "| mt_bench | 0 | adaptive | 2.00 | 10.0 | 2.00x | 50% | 25% | 0 | 1 |" in markdown_table(summary)
 
 
 def test_tree_methods_with_and_without_prompt_lookup_branches():

@@ -407,3 +407,27 @@ def test_the_exploration_floor_forces_at_most_four_rounds_of_a_depth_that_loses(
     assert planner.config.explore_min_rounds == 3.0
     shapes, _ = play_timed(planner, 2000, tree_round)
     assert sum(shape == TreeShape(8, 2) for shape in shapes) == 4
+
+
+def test_forgetting_the_costs_keeps_the_acceptance_and_starts_from_the_start_shape():
+    """After `forget_costs()` (the rounds now run with another thread count) the start shape and a plain step are
+    timed again, while what was learned of acceptance stays: with everything accepted, the deepest tree follows."""
+    planner = make_planner()
+    for _ in range(40):
+        run_round(planner, lambda depth: depth)
+    deepest = TreeShape(8, 5)
+    assert planner.choose() == deepest and planner.expected_rate() == pytest.approx(planner.rate(deepest))
+    planner.forget_costs()
+    assert planner.verify_seconds == {} and planner.plain_seconds.value is None
+    assert planner.expected_rate() != planner.expected_rate()  # nan: nothing timed
+    assert run_round(planner, lambda depth: depth) == START
+    assert run_round(planner, lambda depth: depth) == PLAIN_STEP
+    assert planner.acceptance[deepest].weight > 0
+    assert run_round(planner, lambda depth: depth).depth > START.depth
+
+
+def test_the_expected_rate_is_the_plain_steps_when_nothing_pays():
+    planner = make_planner()
+    for _ in range(30):
+        run_round(planner, lambda depth: 0)
+    assert planner.expected_rate() == pytest.approx(1 / PLAIN)

@@ -27,7 +27,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hf import Eagle3DraftModel, eagle3_generate
 from eagle3_hf.generation import decoding, original_generate
-from eagle3_hf.generation.cost_model import PLAIN_STEP, PlannerConfig, TreeShape
+from eagle3_hf.generation.cost_model import PLAIN_STEP, PlannerConfig, RoundPlanner, TreeShape
+from eagle3_hf.generation.threads import ThreadChoice, ThreadChooser
 
 from .conftest import make_tiny_target
 from .oracle_draft import OracleDraft, sharpen
@@ -253,6 +254,83 @@ def test_the_adaptive_default_is_exact_and_reports_its_shapes_and_its_cost(llama
         tree_planner=own,
     )
     assert torch.equal(out.sequences, expected) and out.round_shapes[0] == own.start and own.tree_rounds >= 1
+
+
+class ScriptedThreads(ThreadChooser):
+    """A thread chooser that cycles through fixed `(threads, probe)` choices, whatever the rounds cost."""
+
+    def __init__(self, script):
+        super().__init__((2, 1))
+        self.script, self.calls, self.recorded = script, 0, []
+
+    def next_round(self, expected_rate=float("nan")) -> ThreadChoice:
+        choice = ThreadChoice(*self.script[self.calls % len(self.script)])
+        self.calls += 1
+        self.current = choice.threads if not choice.probe else self.current
+        return choice
+
+    def record(self, choice, plain, seconds):
+        self.recorded.append((choice, plain))
+
+
+class CountingPlanner(RoundPlanner):
+    """The default planner, counting the rounds it is told of."""
+
+    told = 0
+
+    def record_plain(self, seconds):
+        self.told += 1
+        super().record_plain(seconds)
+
+    def record_tree(self, *args, **kwargs):
+        self.told += 1
+        super().record_tree(*args, **kwargs)
+
+
+def test_rounds_on_changing_thread_counts_stay_exact_and_restore_the_callers_count(llama_pair):
+    """Each round runs with the count the chooser gives (probes are plain steps the planner is not told of), a
+    planner whose costs were timed with another count starts them afresh (its start shape first), the output is
+    still plain generate's, and the caller's thread count is back when the call ends."""
+    target, draft = llama_pair
+    prompt = random_prompt(9, 4)
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=40)
+    settings = decoding.resolve_tree_settings(draft, None, None, None)
+    planner = CountingPlanner([4, 8], 4, settings.top_k, TreeShape(8, 3))
+    script = [(2, False)] * 4 + [(1, True), (1, True)] + [(1, False)] * 4 + [(2, True)]
+    threads = ScriptedThreads(script)
+    callers = torch.get_num_threads()
+    draft.reset(target, prompt, noise=0.3, seed=1)
+    kwargs = dict(do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
+    out = target.generate(prompt, assistant_model=draft, tree_planner=planner, tree_adapt_threads=threads, **kwargs)
+    assert torch.equal(out.sequences, expected)
+    assert torch.get_num_threads() == callers
+    rounds = len(out.round_shapes)
+    assert list(out.round_threads) == [script[i % len(script)][0] for i in range(rounds)]
+    probes = [i for i in range(rounds) if script[i % len(script)][1]]
+    assert all(out.round_shapes[i].is_plain for i in probes)
+    assert planner.told == rounds - len(probes) and len(threads.recorded) == rounds
+    # the first round on 1 thread and the first back on 2 are the start shape again: the costs were forgotten
+    assert out.round_shapes[0] == out.round_shapes[6] == out.round_shapes[11] == planner.start
+
+
+def test_the_default_adapts_threads_on_cpu_only_with_its_own_planner_and_several_threads(llama_pair):
+    """`generate`'s default keeps one chooser per head, target and thread count; a planner of one's own, a fixed
+    shape, `tree_adapt_threads=False` or a single thread leave the count alone."""
+    target, draft = llama_pair
+    callers = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        chooser = decoding._thread_chooser(target, draft, planner=object(), own_planner=None, adapt=None)
+        assert chooser is not None and chooser.counts == (2, 1)
+        assert decoding._thread_chooser(target, draft, object(), None, None) is chooser
+        assert decoding._thread_chooser(target, draft, object(), None, False) is None
+        assert decoding._thread_chooser(target, draft, object(), object(), None) is None
+        assert decoding._thread_chooser(target, draft, None, None, None) is None
+        assert decoding._thread_chooser(target, draft, None, None, True) is chooser
+        torch.set_num_threads(1)
+        assert decoding._thread_chooser(target, draft, object(), None, None) is None
+    finally:
+        torch.set_num_threads(callers)
 
 
 def test_a_head_that_taps_the_last_layer_decodes_losslessly():

@@ -49,6 +49,9 @@ class GenerationRecord:
     round_shapes: list[tuple[int, int]] | None = None
     # the head's root confidence of each of those rounds (`Eagle3GenerateOutput.round_confidences`)
     round_confidences: list[float | None] | None = None
+    # the torch thread count of each of those rounds (`Eagle3GenerateOutput.round_threads`), and the caller's
+    round_threads: list[int] | None = None
+    threads: int | None = None
 
 
 class TimedGeneration(NamedTuple):
@@ -59,6 +62,7 @@ class TimedGeneration(NamedTuple):
     tokens_per_round: list[int]  # accepted + 1 per round after the prefill
     round_shapes: list[tuple[int, int]] | None  # `GenerationRecord.round_shapes`
     round_confidences: list[float | None] | None = None  # `GenerationRecord.round_confidences`
+    round_threads: list[int] | None = None  # `GenerationRecord.round_threads`
 
 
 @contextmanager
@@ -210,7 +214,9 @@ def timed_generate(
     shapes = None if shapes is None else [(shape.total_tokens, shape.depth) for shape in shapes]
     confidences = getattr(output, "round_confidences", None)
     confidences = None if confidences is None else list(confidences)
-    return TimedGeneration(sequences[0, input_ids.shape[1] :], seconds, rounds, shapes, confidences)
+    threads = getattr(output, "round_threads", None)
+    threads = None if threads is None else list(threads)
+    return TimedGeneration(sequences[0, input_ids.shape[1] :], seconds, rounds, shapes, confidences, threads)
 
 
 def encode_chat(tokenizer, messages: list[dict], device) -> torch.Tensor:
@@ -283,6 +289,8 @@ def run_benchmark(
                             measured.tokens_per_round,
                             round_shapes=measured.round_shapes,
                             round_confidences=measured.round_confidences,
+                            round_threads=measured.round_threads,
+                            threads=torch.get_num_threads(),
                         )
                     )
                 if temperature == 0:
@@ -363,6 +371,7 @@ def _aggregate(
         draftable = [limit for r in group for limit in round_draft_limits(r, max_new_tokens)]
     checked = [r.matches_plain for r in group if r.matches_plain is not None]
     shapes = [shape for r in group if r.round_shapes is not None for shape in r.round_shapes]
+    fewer = [count < r.threads for r in group if r.round_threads and r.threads for count in r.round_threads]
     return {
         "generations": len(group),
         "new_tokens": new_tokens,
@@ -374,6 +383,8 @@ def _aggregate(
         "greedy_mismatches": checked.count(False) if checked else None,  # None: no output compared (T > 0)
         # the share of the head's rounds that verified a draft (the rest: the adaptive default's plain steps)
         "tree_round_share": sum(depth > 0 for _, depth in shapes) / len(shapes) if shapes else None,
+        # the share of them run on fewer torch threads than the caller's (`threads.ThreadChooser`: a busy machine)
+        "fewer_threads_share": sum(fewer) / len(fewer) if fewer else None,
     }
 
 

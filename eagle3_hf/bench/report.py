@@ -22,17 +22,18 @@ def _speedup(row: dict) -> str:
 
 
 def markdown_table(summary: dict, machine: str = "", command: str = "") -> str:
-    """Markdown tables: per dataset (tau, tokens/s, speedup with its 95% interval over prompts, the share of the
-    head's rounds that drafted a tree, greedy mismatches; "-" where the method has no such rounds or no output was
-    compared with plain `generate`), then per MT-bench category."""
-    header = "| dataset | T | method | tau | tokens/s | speedup | tree rounds | greedy mismatches | generations |\n"
-    header += "|---|---|---|---|---|---|---|---|---|\n"
+    """Markdown tables: per dataset (tau, tokens/s, speedup with its 95% interval over prompts, the shares of the
+    head's rounds that drafted a tree and that ran on fewer torch threads than the caller's, greedy mismatches; "-"
+    where the method has no such rounds or no output was compared with plain `generate`), then per MT-bench
+    category."""
+    header = "| dataset | T | method | tau | tokens/s | speedup | tree rounds | fewer threads | greedy mismatches "
+    header += "| generations |\n|---|---|---|---|---|---|---|---|---|---|\n"
     main, categories = header, header
     for row in summary["rows"]:
         line = (
             f"| {row['dataset']} | {row['temperature']:g} | {row['method']} | {_fmt(row['tau'])} | "
             f"{_fmt(row['tokens_per_second'], 1)} | {_speedup(row)} | {_share(row.get('tree_round_share'))} | "
-            f"{_fmt(row['greedy_mismatches'], 0)} | "
+            f"{_share(row.get('fewer_threads_share'))} | {_fmt(row['greedy_mismatches'], 0)} | "
             f"{row['generations']} |\n"
         )
         if "/" in row["dataset"]:

@@ -40,8 +40,20 @@ def describe_shapes(shapes) -> str:
     return ", ".join(parts)
 
 
+def describe_threads(counts, callers: int) -> str:
+    """`"; 30 rounds on 1 thread"` for the rounds run on fewer torch threads than the caller's `callers` (a busy
+    machine: `threads.ThreadChooser`), else `""`."""
+    fewer: dict = {}
+    for count in counts or ():
+        if count < callers:
+            fewer[count] = fewer.get(count, 0) + 1
+    parts = [f"{n} rounds on {count} thread{'s' if count > 1 else ''}" for count, n in sorted(fewer.items())]
+    return "; " + ", ".join(parts) if parts else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    import torch
     from transformers import TextStreamer
 
     from ..bench.measure import encode_chat, timed_generate
@@ -84,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.no_stream:
             print(tokenizer.decode(output.sequences[0, input_ids.shape[1] :], skip_special_tokens=True))
-        print(f"[chosen: {describe_shapes(output.round_shapes)}]")
+        threads = describe_threads(output.round_threads, torch.get_num_threads())
+        print(f"[chosen: {describe_shapes(output.round_shapes)}{threads}]")
         for method in ("plain", "adaptive"):
             measured = timed_generate(target, input_ids, method, 0.0, args.max_new_tokens, draft, kwargs)
             total[method][0] += len(measured.new_ids)

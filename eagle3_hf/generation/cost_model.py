@@ -95,7 +95,7 @@ def confidence_bucket(confidence: float) -> int:
     return bisect.bisect_right(CONFIDENCE_EDGES, confidence)
 
 
-class _Seconds:
+class RecentSeconds:
     """A robust running cost: the mean of the last `window` observations without the slowest one (`None` until the
     first).
 
@@ -270,20 +270,26 @@ class RoundPlanner:
         self.node_counts = sorted(set(node_counts) | {start.total_tokens})
         self.max_depth = max(max_depth, start.depth)
         self.start = start
-        window = self.config.cost_window
-        self.plain_seconds = _Seconds(window)
-        self.verify_seconds: dict[int, _Seconds] = {}
-        self.root_seconds, self.level_seconds = _Seconds(window), _Seconds(window)
-        self.update_seconds, self.other_seconds = _Seconds(window), _Seconds(window)
-        self.switch_seconds = _Seconds(window)  # the draft update a tree after plain steps does first
         self.acceptance: dict[TreeShape, _Acceptance] = {}
         # counts of the rounds whose confidence is known, all shapes pooled: all of them and per confidence bucket;
         # and the buckets met by all tree rounds and by blind ones
         self.pooled_acceptance = _Acceptance()
         self.bucket_acceptance: dict[int, _Acceptance] = {}
         self.buckets_met, self.blind_buckets_met = _Histogram(), _Histogram()
-        self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         self.tree_rounds = 0
+        self.forget_costs()
+
+    def forget_costs(self) -> None:
+        """Start every cost afresh, and the probing and the account of what trees gained with them, keeping what was
+        learned of acceptance: the rounds now run where the costs measured so far no longer hold (with another torch
+        thread count, `threads.ThreadChooser`). Until a tree round is timed again the start shape comes first."""
+        window = self.config.cost_window
+        self.plain_seconds = RecentSeconds(window)
+        self.verify_seconds: dict[int, RecentSeconds] = {}
+        self.root_seconds, self.level_seconds = RecentSeconds(window), RecentSeconds(window)
+        self.update_seconds, self.other_seconds = RecentSeconds(window), RecentSeconds(window)
+        self.switch_seconds = RecentSeconds(window)  # the draft update a tree after plain steps does first
+        self.plain_streak, self.probe_interval = 0, self.config.probe_interval
         # the account of what trees really gained (decayed per round): plain-step seconds their tokens would have
         # cost minus their own seconds, how many trees that is, and all rounds' seconds; the deferred draft update
         # recorded before the next tree is part of that tree's seconds
@@ -328,7 +334,7 @@ class RoundPlanner:
         tree `tree_depth` deep (a grafted prompt-lookup chain can make it deeper than `shape.depth`). `confidence` is
         the head's root confidence the tree was drafted from; `blind` whether the round was chosen without it."""
         self._best = {}
-        self.verify_seconds.setdefault(shape.total_tokens, _Seconds(self.config.cost_window)).add(verify_seconds)
+        self.verify_seconds.setdefault(shape.total_tokens, RecentSeconds(self.config.cost_window)).add(verify_seconds)
         # Level 1 comes from the logits the last draft update left (no head forward); each further level is one
         # head forward over the frontier.
         levels = max(shape.depth - 1, 0)
@@ -511,6 +517,14 @@ class RoundPlanner:
     def plain_rate(self) -> float:
         return self.rate(PLAIN_STEP)
 
+    def expected_rate(self) -> float:
+        """Tokens per second of the rounds `choose()` picks blind, by the current estimates: the better of a plain
+        step and the best tree (the plain step's while trees are losing); `nan` while nothing is timed."""
+        plain = self.plain_rate()
+        tree = math.nan if self.trees_losing else self._best_tree()[1]
+        rates = [rate for rate in (plain, tree) if not math.isnan(rate)]
+        return max(rates) if rates else math.nan
+
     def _fits(self, shape: TreeShape) -> bool:
         """Whether a tree `shape.depth` deep, `top_k` wide, can hold `shape.total_tokens` nodes."""
         k = self.top_k
@@ -574,4 +588,12 @@ def _reach_sum(rates: list[float]) -> float:
     return expected
 
 
-__all__ = ["CONFIDENCE_EDGES", "PLAIN_STEP", "PlannerConfig", "RoundPlanner", "TreeShape", "confidence_bucket"]
+__all__ = [
+    "CONFIDENCE_EDGES",
+    "PLAIN_STEP",
+    "PlannerConfig",
+    "RecentSeconds",
+    "RoundPlanner",
+    "TreeShape",
+    "confidence_bucket",
+]

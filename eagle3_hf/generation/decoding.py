@@ -11,6 +11,7 @@ Usage, after `import eagle3_hf`:
     target.generate(input_ids, custom_generate=eagle3_generate, draft_model=draft)   # the same, explicitly
 """
 
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from .cpu_packing import is_packable_target, pack_for_tree_decoding
 from .drafter import TreeDrafter
 from .kv_cache import end_past_recording, keep_tree_entries
 from .lookup import prompt_lookup_chain
+from .threads import ThreadChoice, ThreadChooser, candidate_thread_counts
 from .tree import DraftTree, append_chain, graft_chain, greedy_accept, sample_accept
 from .verify import (
     attention_layer_kinds,
@@ -146,6 +148,9 @@ class Eagle3GenerateOutput(GenerateDecoderOnlyOutput):
             Per round, the head's root confidence (`TreeDrafter.root_confidence`) the round's tree was drafted from,
             or, for a plain step, the one it was chosen with (`None` when the head had not read the newest token:
             a plain step after another, or the first round). What the planner's confidence buckets count.
+        round_threads (`tuple[int]`):
+            The torch thread count each round ran with (`threads.ThreadChooser`: fewer than the caller's while another
+            process contends for the cores).
         round_seconds (`dict[str, tuple[float]]`):
             Wall time of each round's phases: `"draft"` (growing the tree, with any deferred draft update),
             `"verify"` (the target's forward), `"update"` (encoding the accepted tokens into the draft), `"other"`
@@ -157,6 +162,7 @@ class Eagle3GenerateOutput(GenerateDecoderOnlyOutput):
     accepted_paths: tuple[torch.LongTensor, ...] | None = None
     round_shapes: tuple[TreeShape, ...] | None = None
     round_confidences: tuple[float | None, ...] | None = None
+    round_threads: tuple[int, ...] | None = None
     round_seconds: dict[str, tuple[float, ...]] | None = None
 
     @property
@@ -235,6 +241,7 @@ def eagle3_generate(
     tree_adaptive: bool | None = None,
     tree_pack_weights: bool | None = None,
     tree_planner: RoundPlanner | None = None,
+    tree_adapt_threads: bool | ThreadChooser | None = None,
     eagle3_streamer=None,
     output_draft_trees: bool = False,
     **model_kwargs,
@@ -273,6 +280,11 @@ def eagle3_generate(
             `choose(confidence=)`, `record_plain`, `record_deferred_update` and `record_tree(..., confidence=,
             blind=)` methods); implies `tree_adaptive`. By default each head and target keep one planner per shape
             space and temperature, so what it measured carries over to later calls.
+        tree_adapt_threads (`bool` or [`ThreadChooser`], *optional*): on CPU, run each round with the torch thread
+            count whose plain steps are fastest (`threads.ThreadChooser`: the caller's, unless another process
+            contends for the cores; the other counts are probed with at most 1% of the time), and restore the
+            caller's count when the call ends. Defaults to `True` with the default planner on CPU, `False` with
+            `tree_planner=` or a fixed shape; a `ThreadChooser` is used as given (and kept by the caller).
         eagle3_streamer (`BaseStreamer`, *optional*): receives the prompt, then each round's emitted tokens.
             (`generate()` drops `streamer` before calling a custom callable, hence the name.)
         output_draft_trees (`bool`, *optional*): also return every round's tree and accepted path.
@@ -288,6 +300,7 @@ def eagle3_generate(
     adaptive = not pinned if tree_adaptive is None else bool(tree_adaptive)
     draft = prepare_draft(draft_model, model)
     planner = _prepare_rounds(model, draft, settings, adaptive, tree_pack_weights, tree_planner, generation_config)
+    threads = _thread_chooser(model, draft, planner, tree_planner, tree_adapt_threads)
     sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
     decoder = _TreeDecoder(
         model,
@@ -299,6 +312,7 @@ def eagle3_generate(
         eagle3_streamer,
         sampled_draft,
         planner,  # None: `settings` every round
+        threads,  # None: the caller's thread count throughout
     )
     with torch.no_grad():
         output = decoder.run(input_ids, model_kwargs, output_draft_trees)
@@ -344,6 +358,10 @@ def _candidate_node_counts(model: PreTrainedModel, settings: TreeSettings, adapt
 # this machine, target and head carries over from one generate call to the next (a chat's turns, a benchmark's
 # prompts), instead of being paid for again by every call.
 _PLANNERS: "weakref.WeakKeyDictionary[Eagle3DraftModel, dict]" = weakref.WeakKeyDictionary()
+# head -> {(target, caller's thread count): (weak reference to the target, thread chooser)}, likewise
+_THREAD_CHOOSERS: "weakref.WeakKeyDictionary[Eagle3DraftModel, dict]" = weakref.WeakKeyDictionary()
+# planner -> the thread count its costs were timed with (a planner serves every thread count of its head and target)
+_COSTS_TIMED_WITH: "weakref.WeakKeyDictionary[RoundPlanner, int]" = weakref.WeakKeyDictionary()
 
 
 def _planner_for(
@@ -378,6 +396,30 @@ def new_planner(model: PreTrainedModel, settings: TreeSettings, config: PlannerC
 def _max_depth(settings: TreeSettings, adaptive: bool) -> int:
     """The deepest tree the planner may try: two levels past the start shape (at least 4, at most 8)."""
     return min(max(settings.depth + 2, 4), 8) if adaptive else settings.depth
+
+
+def _thread_chooser(
+    model: PreTrainedModel,
+    draft: Eagle3DraftModel,
+    planner: RoundPlanner | None,
+    own_planner: RoundPlanner | None,
+    adapt: bool | ThreadChooser | None,
+) -> ThreadChooser | None:
+    """The `ThreadChooser` of this call: `adapt` when one is given; with `adapt` unset or `True` on CPU, the one this
+    head, target and caller's thread count keep across calls (what it timed of the machine's load carries over),
+    when the caller uses more than one thread; else `None`."""
+    if isinstance(adapt, ThreadChooser):
+        return adapt
+    wanted = planner is not None and own_planner is None if adapt is None else adapt
+    if not wanted or model.device.type != "cpu" or torch.get_num_threads() < 2:
+        return None
+    key = (id(model), torch.get_num_threads())
+    choosers = _THREAD_CHOOSERS.setdefault(draft, {})
+    reference, chooser = choosers.get(key, (None, None))
+    if reference is None or reference() is not model:
+        chooser = ThreadChooser(candidate_thread_counts(torch.get_num_threads()))
+        choosers[key] = (weakref.ref(model), chooser)
+    return chooser
 
 
 class _PhaseClock:
@@ -420,6 +462,7 @@ class _TreeDecoder:
         streamer,
         sampled_draft,
         planner: RoundPlanner | None = None,
+        threads: ThreadChooser | None = None,
     ):
         self.model, self.settings, self.streamer, self.sampled_draft = model, settings, streamer, sampled_draft
         self.drafter = TreeDrafter(draft, settings.top_k)
@@ -431,8 +474,9 @@ class _TreeDecoder:
         self.scores = [] if keep_scores and generation_config.output_scores else None
         self.raw_logits = [] if keep_scores and generation_config.output_logits else None
         self.accepted, self.trees, self.paths = [], [], []
-        self.planner = planner
+        self.planner, self.threads = planner, threads
         self.shapes: list[TreeShape] = []
+        self.thread_counts: list[int] = []
         self.confidences: list[float | None] = []
         self.phase_seconds = {name: [] for name in ("draft", "verify", "update", "other", "planner")}
         # (tokens (1, T), features (1, T, F), keep (T,) or None) of the prompt and of plain steps, encoded into the
@@ -449,15 +493,21 @@ class _TreeDecoder:
             self.streamer.put(input_ids.cpu())
         cache = model_kwargs.get("cache")
         cache = DynamicCache(config=self.model.config) if cache is None else cache
-        stopped = self._prefill(cache, model_kwargs)
-        if not stopped:
-            check_tree_cache(cache, self.layer_kinds)
-            cache.activate_past_recording()  # sliding layers keep their past until `keep_tree_entries` trims it
+        callers_threads = torch.get_num_threads()
         try:
-            while not stopped:
-                stopped = self._round(cache, output_draft_trees)
+            if self.threads is not None:  # the prompt too runs with the count the machine's load calls for
+                torch.set_num_threads(self.threads.current)
+            stopped = self._prefill(cache, model_kwargs)
+            if not stopped:
+                check_tree_cache(cache, self.layer_kinds)
+                cache.activate_past_recording()  # sliding layers keep their past until `keep_tree_entries` trims it
+            try:
+                while not stopped:
+                    stopped = self._round(cache, output_draft_trees)
+            finally:
+                end_past_recording(cache)  # the returned cache must work for a later plain `generate`, as stock's does
         finally:
-            end_past_recording(cache)  # the returned cache must work for a later plain `generate`, as stock's does
+            torch.set_num_threads(callers_threads)
         if self.streamer is not None:
             self.streamer.end()
         return Eagle3GenerateOutput(
@@ -470,6 +520,7 @@ class _TreeDecoder:
             accepted_paths=tuple(self.paths) if output_draft_trees else None,
             round_shapes=tuple(self.shapes),
             round_confidences=tuple(self.confidences),
+            round_threads=tuple(self.thread_counts),
             round_seconds={name: tuple(values) for name, values in self.phase_seconds.items()},
         )
 
@@ -502,16 +553,32 @@ class _TreeDecoder:
                 self.prompt_pending = True
         return stopped
 
-    def _shape(self) -> tuple[TreeShape, float | None]:
-        """This round's shape (the planner's choice, or the fixed settings) and the head's root confidence when it is
-        known before the round: right after a tree, whose draft update has read every token (`None` otherwise)."""
-        if self.planner is None:
-            return TreeShape(self.settings.total_tokens, self.settings.depth), None
+    def _shape(self) -> tuple[TreeShape, float | None, ThreadChoice | None]:
+        """This round's shape (the planner's choice, or the fixed settings), the head's root confidence when it is
+        known before the round (right after a tree, whose draft update has read every token; `None` otherwise), and
+        its thread count (set here; `None` without a chooser): a thread probe is a plain step the planner does not
+        choose."""
         start = time.perf_counter()
-        confidence = None if self.pending else self._root_confidence()
-        shape = self.planner.choose(confidence=confidence)
-        self.phase_seconds["planner"].append(time.perf_counter() - start)
-        return shape, confidence
+        threads = None
+        if self.threads is not None:
+            expected = self.planner.expected_rate() if hasattr(self.planner, "expected_rate") else math.nan
+            threads = self.threads.next_round(expected)
+            if not threads.probe and hasattr(self.planner, "forget_costs"):
+                if _COSTS_TIMED_WITH.setdefault(self.planner, threads.threads) != threads.threads:
+                    self.planner.forget_costs()  # they were timed with another count
+                    _COSTS_TIMED_WITH[self.planner] = threads.threads
+            if threads.threads != torch.get_num_threads():
+                torch.set_num_threads(threads.threads)
+        if threads is not None and threads.probe:
+            shape, confidence = PLAIN_STEP, None
+        elif self.planner is None:
+            shape, confidence = TreeShape(self.settings.total_tokens, self.settings.depth), None
+        else:
+            confidence = None if self.pending else self._root_confidence()
+            shape = self.planner.choose(confidence=confidence)
+        if self.planner is not None or threads is not None:
+            self.phase_seconds["planner"].append(time.perf_counter() - start)
+        return shape, confidence, threads
 
     def _root_confidence(self) -> float:
         """The head's root confidence at the temperature its trees are drawn with (greedy: 1)."""
@@ -520,7 +587,7 @@ class _TreeDecoder:
     def _round(self, cache: DynamicCache, output_draft_trees: bool) -> bool:
         """Draft a tree (none for a plain step), verify it, accept a path and a bonus token, compact the cache,
         update the draft (deferred after plain steps), and tell the planner what it all cost."""
-        shape, confidence = self._shape()
+        shape, confidence, threads = self._shape()
         remaining = self.config.max_length - self.sequences.shape[1]
         depth = 0 if shape.is_plain else max(0, min(shape.depth, remaining - 1))  # deeper could never be emitted
         marks = [self.clock.mark()]
@@ -566,8 +633,10 @@ class _TreeDecoder:
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
         self.confidences.append(confidence)
+        self.thread_counts.append(torch.get_num_threads())
         tree_depth = 0 if tree is None else tree.depths.max()
-        self.unread.append((self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks, confidence, blind))
+        record = (self.shapes[-1], path.shape[0] - 1, tree_depth, flushed, marks, confidence, blind, threads)
+        self.unread.append(record)
         self._read_rounds(final=stopped)
         return stopped
 
@@ -625,18 +694,22 @@ class _TreeDecoder:
         return 0 if with_prompt else tokens.shape[1]
 
     def _read_rounds(self, final: bool) -> None:
-        """Turn the phase marks of finished rounds into seconds, and tell the planner what each cost and accepted.
+        """Turn the phase marks of finished rounds into seconds, and tell the planner what each cost and accepted
+        (and the thread chooser what each cost; a thread probe is its alone).
 
         On CUDA the newest round's marks are read at the next round (its draft update may still run on the device,
         and reading them now would wait for it), or at the end; its planner record is one round late.
         """
         ready = self.unread if final or not self.clock.asynchronous else self.unread[:-1]
-        for shape, accepted, tree_depth, flushed, marks, confidence, blind in ready:
+        for shape, accepted, tree_depth, flushed, marks, confidence, blind, threads in ready:
             flush, draft, verify, other, update = self.clock.seconds(marks)
             phases = (("draft", flush + draft), ("verify", verify), ("update", update), ("other", other))
             for name, seconds in phases:
                 self.phase_seconds[name].append(seconds)
-            if self.planner is None:
+            if threads is not None:
+                spent = draft + verify + other if shape.is_plain else flush + draft + verify + other + update
+                self.threads.record(threads, shape.is_plain, spent)
+            if self.planner is None or (threads is not None and threads.probe):
                 continue
             if shape.is_plain:
                 self.planner.record_plain(draft + verify + other)

@@ -1,0 +1,90 @@
+"""The thread-count chooser, with injected timings: it stays on the caller's count on a quiet machine, gives way to
+fewer threads when they are clearly faster, comes back when the load is gone, and probes within its budget."""
+
+import pytest
+
+from eagle3_hf.generation.threads import ThreadChooser, candidate_thread_counts
+
+
+def simulate(chooser, plain_seconds, rounds, tokens_per_second):
+    """Run `rounds` rounds: a probe is a plain step at its count (`plain_seconds[count]`), any other round produces
+    tokens at `tokens_per_second[count]` (one plain step's worth of time, so rounds and probes compare). Returns the
+    seconds spent in probes, all seconds, and the count of each round."""
+    probe_seconds, total, counts = 0.0, 0.0, []
+    for _ in range(rounds):
+        choice = chooser.next_round(tokens_per_second[chooser.current])
+        seconds = plain_seconds[choice.threads]
+        chooser.record(choice, plain=True, seconds=seconds)
+        probe_seconds += seconds if choice.probe else 0.0
+        total += seconds
+        counts.append(choice.threads)
+    return probe_seconds, total, counts
+
+
+def test_candidate_counts_are_the_callers_half_of_it_and_one():
+    assert candidate_thread_counts(2) == (2, 1)
+    assert candidate_thread_counts(16) == (16, 8, 1)
+    assert candidate_thread_counts(1) == (1,)
+    assert ThreadChooser((1, 2)).counts == (2, 1) and ThreadChooser((1, 2)).current == 2
+    with pytest.raises(ValueError, match="counts"):
+        ThreadChooser((0, 2))
+
+
+def test_one_thread_means_no_choice_and_no_probe():
+    chooser = ThreadChooser((1,))
+    assert not chooser.adapts
+    _, _, counts = simulate(chooser, {1: 0.03}, 500, {1: 1 / 0.03})
+    assert set(counts) == {1} and chooser.switches == 0
+
+
+def test_a_quiet_machine_keeps_the_callers_count_and_probes_within_the_budget():
+    """1 and 2 threads cost the same for a plain step (the 2-core EPYC, SmolLM2: 34 ms both) while trees make 1.3
+    plain steps' tokens per step's time: the caller's 2 threads stay, the probes of 1 thread lose about 1%."""
+    chooser = ThreadChooser((2, 1))
+    plain = {2: 0.034, 1: 0.034}
+    probe_seconds, total, counts = simulate(chooser, plain, 6000, {2: 1.3 / 0.034, 1: 1.3 / 0.034})
+    assert chooser.switches == 0 and chooser.current == 2
+    assert counts.count(1) >= 10  # it keeps looking: a load that comes is seen
+    lost = probe_seconds * (1 - 1 / 1.3)  # what the probes' plain steps lost against the trees
+    assert lost < 0.015 * total
+
+
+def test_a_contended_machine_gives_way_to_one_thread_and_comes_back_when_the_load_goes():
+    """Beside a CPU-bound process, 2 threads cost 110 ms a step and 1 thread 40 ms (measured, session 19): after the
+    first probe the rounds run on 1 thread; the 2-thread probes then lose about 1% of the time; once the load is gone
+    (both 34 ms), the next probe brings the caller's count back."""
+    chooser = ThreadChooser((2, 1))
+    busy = {2: 0.110, 1: 0.040}
+    _, _, counts = simulate(chooser, busy, 8, {2: 1 / 0.110, 1: 1 / 0.040})
+    assert counts[:4] == [2] * 4 and counts[4:6] == [1, 1]  # 4 rounds, then the probe of 1 thread
+    assert chooser.current == 1 and chooser.switches == 1
+    probe_seconds, total, counts = simulate(chooser, busy, 2000, {2: 1 / 0.110, 1: 1 / 0.040})
+    assert chooser.current == 1 and counts.count(2) >= 2
+    assert probe_seconds * (1 - 0.040 / 0.110) < 0.015 * total
+
+    quiet = {2: 0.034, 1: 0.034}
+    _, total, counts = simulate(chooser, quiet, 2000, {2: 1 / 0.034, 1: 1 / 0.034})
+    back = counts.index(2)
+    assert chooser.current == 2 and chooser.switches == 2
+    assert back * 0.034 < 2 * 0.110 / chooser.probe_budget  # within one probe interval of the load's end
+
+
+def test_a_count_that_is_only_a_little_faster_does_not_take_over():
+    """Within `switch_margin` the caller's count is kept: noise between equal counts never flips it."""
+    chooser = ThreadChooser((2, 1))
+    simulate(chooser, {2: 0.036, 1: 0.032}, 2000, {2: 1 / 0.036, 1: 1 / 0.032})
+    assert chooser.current == 2 and chooser.switches == 0
+    simulate(chooser, {2: 0.050, 1: 0.032}, 300, {2: 1 / 0.050, 1: 1 / 0.032})
+    assert chooser.current == 1  # 36% faster: it does
+
+
+def test_a_probe_restarts_the_estimate_of_the_count_it_probes():
+    """The count probed is timed afresh: a load measured long ago does not outlive it."""
+    chooser = ThreadChooser((2, 1))
+    simulate(chooser, {2: 0.110, 1: 0.040}, 100, {2: 1 / 0.110, 1: 1 / 0.040})
+    assert chooser.estimate(2) == pytest.approx(0.110)
+    choice = None
+    while choice is None or not choice.probe:
+        choice = chooser.next_round(1 / 0.040)
+        chooser.record(choice, plain=True, seconds=0.040 if choice.threads == 1 else 0.034)
+    assert chooser.estimate(2) == pytest.approx(0.034)
