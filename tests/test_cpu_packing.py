@@ -141,7 +141,8 @@ def test_auto_packs_only_the_row_counts_where_packing_measurably_pays(monkeypatc
     monkeypatch.setattr(cpu_packing, "time_linear_products", slower_packing_for(6, 3))
     target = make_tiny_target()
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
-    description = cpu_packing.pack_for_decoding(target, draft, [8, 6], [2, 3], "auto")
+    # row lists gathered from several methods repeat counts (bench's): each is named once, in order
+    description = cpu_packing.pack_for_decoding(target, draft, [8, 6, 8], [3, 2, 3, 2], "auto")
     assert description == (
         "MKL-packed weights (target rows [8], head rows [2]); stock for target rows [6], head rows [3] (packing "
         "measured no faster); grouped-query SDPA under tree masks"

@@ -195,7 +195,8 @@ def packing_pays(model: nn.Module, rows: int) -> bool:
 
 
 def measured_packing(model: nn.Module, rows) -> tuple[list[int], list[int]]:
-    """`(rows packing pays for, rows it does not)` of `model` (`packing_pays`)."""
+    """`(rows packing pays for, rows it does not)` of `model` (`packing_pays`), each sorted, without repeats."""
+    rows = sorted(set(rows))
     pays = [count for count in rows if packing_pays(model, count)]
     return pays, [count for count in rows if count not in pays]
 
