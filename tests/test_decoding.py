@@ -274,9 +274,13 @@ class ScriptedThreads(ThreadChooser):
 
 
 class CountingPlanner(RoundPlanner):
-    """The default planner, counting the rounds it is told of."""
+    """The default planner, counting the rounds it is told of and the times it forgot its costs."""
 
-    told = 0
+    told = forgot = 0
+
+    def forget_costs(self):
+        self.forgot += 1
+        super().forget_costs()
 
     def record_plain(self, seconds):
         self.told += 1
@@ -301,9 +305,15 @@ def test_rounds_on_changing_thread_counts_stay_exact_and_restore_the_callers_cou
     callers = torch.get_num_threads()
     draft.reset(target, prompt, noise=0.3, seed=1)
     kwargs = dict(do_sample=False, max_new_tokens=40, return_dict_in_generate=True)
-    out = target.generate(prompt, assistant_model=draft, tree_planner=planner, tree_adapt_threads=threads, **kwargs)
+    try:
+        torch.set_num_threads(3)  # none of the script's counts
+        out = target.generate(
+            prompt, assistant_model=draft, tree_planner=planner, tree_adapt_threads=threads, **kwargs
+        )
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(callers)
     assert torch.equal(out.sequences, expected)
-    assert torch.get_num_threads() == callers
     rounds = len(out.round_shapes)
     assert list(out.round_threads) == [script[i % len(script)][0] for i in range(rounds)]
     probes = [i for i in range(rounds) if script[i % len(script)][1]]
@@ -311,6 +321,83 @@ def test_rounds_on_changing_thread_counts_stay_exact_and_restore_the_callers_cou
     assert planner.told == rounds - len(probes) and len(threads.recorded) == rounds
     # the first round on 1 thread and the first back on 2 are the start shape again: the costs were forgotten
     assert out.round_shapes[0] == out.round_shapes[6] == out.round_shapes[11] == planner.start
+
+
+class FailingStreamer(BaseStreamer):
+    """Raises at its `fail_at`-th `put`."""
+
+    def __init__(self, fail_at):
+        self.calls, self.fail_at = 0, fail_at
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("streamer failed")
+
+    def end(self):
+        pass
+
+
+def test_the_callers_thread_count_is_restored_after_a_stop_at_the_prefill_and_after_an_error(llama_pair):
+    """The prompt already runs with the chooser's count (1 here); the caller's (3) is back after a generation that
+    stops at the prefill, and after one that fails midway (a streamer raising at its 4th call)."""
+    target, draft = llama_pair
+    prompt = random_prompt(9, 4)
+    callers = torch.get_num_threads()
+
+    def generate(**kwargs):
+        threads = ScriptedThreads([(1, False)])
+        threads.current = 1
+        draft.reset(target, prompt, noise=0.3, seed=1)
+        return target.generate(
+            prompt, custom_generate=eagle3_generate, draft_model=draft, tree_adapt_threads=threads, **kwargs
+        )
+
+    seen = []
+    hook = target.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    try:
+        torch.set_num_threads(3)
+        out = generate(max_new_tokens=1, do_sample=False, return_dict_in_generate=True)
+        assert len(out.round_shapes) == 0 and seen == [1] and torch.get_num_threads() == 3
+        with pytest.raises(RuntimeError, match="streamer failed"):
+            generate(max_new_tokens=20, do_sample=False, eagle3_streamer=FailingStreamer(fail_at=4))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(callers)
+        hook.remove()
+
+
+def test_thread_probes_between_trees_are_not_a_switch_the_planner_pays_for(llama_pair):
+    """A planner that chose only trees is never told of a deferred draft update: the plain steps before a tree were
+    all thread probes (ScriptedPlanner asserts that only a plain step of its own is followed by one)."""
+    target, draft = llama_pair
+    prompt = random_prompt(9, 4)
+    expected = original_generate(target, prompt, do_sample=False, max_new_tokens=30)
+    planner = ScriptedPlanner([TreeShape(6, 3)])
+    threads = ScriptedThreads([(2, False)] * 3 + [(1, True)])
+    draft.reset(target, prompt, noise=0.3, seed=1)
+    kwargs = dict(do_sample=False, max_new_tokens=30, return_dict_in_generate=True)
+    out = target.generate(prompt, assistant_model=draft, tree_planner=planner, tree_adapt_threads=threads, **kwargs)
+    assert torch.equal(out.sequences, expected)
+    assert sum(shape.is_plain for shape in out.round_shapes) >= 2 and len(planner.recorded) == planner.calls
+
+
+def test_a_planner_forgets_costs_timed_with_another_thread_count_across_calls(llama_pair):
+    """Calls with and without a chooser share a planner: costs timed on 2 threads are forgotten by a call on 1."""
+    target, draft = llama_pair
+    prompt = random_prompt(9, 4)
+    settings = decoding.resolve_tree_settings(draft, None, None, None)
+    planner = CountingPlanner([4, 8], 4, settings.top_k, TreeShape(8, 3))
+    planner.forgot = 0  # its constructor starts the costs with `forget_costs()`
+    callers = torch.get_num_threads()
+    try:
+        for count, forgot in ((2, 0), (2, 0), (1, 1), (1, 1)):
+            torch.set_num_threads(count)
+            draft.reset(target, prompt, noise=0.3, seed=1)
+            target.generate(prompt, assistant_model=draft, tree_planner=planner, do_sample=False, max_new_tokens=8)
+            assert planner.forgot == forgot, count
+    finally:
+        torch.set_num_threads(callers)
 
 
 def test_the_default_adapts_threads_on_cpu_only_with_its_own_planner_and_several_threads(llama_pair):

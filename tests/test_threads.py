@@ -6,15 +6,18 @@ import pytest
 from eagle3_hf.generation.threads import ThreadChooser, candidate_thread_counts
 
 
-def simulate(chooser, plain_seconds, rounds, tokens_per_second):
+def simulate(chooser, plain_seconds, rounds, tokens_per_second, trees=False):
     """Run `rounds` rounds: a probe is a plain step at its count (`plain_seconds[count]`), any other round produces
-    tokens at `tokens_per_second[count]` (one plain step's worth of time, so rounds and probes compare). Returns the
-    seconds spent in probes, all seconds, and the count of each round."""
+    tokens at `tokens_per_second[count]` in one plain step's time (a plain step, or a tree when `trees`: the planner
+    then runs no plain step the chooser could time, but the first on a count). Returns the seconds spent in probes, all seconds, and the count
+    of each round."""
     probe_seconds, total, counts = 0.0, 0.0, []
     for _ in range(rounds):
         choice = chooser.next_round(tokens_per_second[chooser.current])
         seconds = plain_seconds[choice.threads]
-        chooser.record(choice, plain=True, seconds=seconds)
+        # a planner whose costs are new times a plain step first, whatever wins then
+        plain = choice.probe or not trees or chooser.estimate(choice.threads) is None
+        chooser.record(choice, plain=plain, seconds=seconds)
         probe_seconds += seconds if choice.probe else 0.0
         total += seconds
         counts.append(choice.threads)
@@ -55,8 +58,8 @@ def test_a_contended_machine_gives_way_to_one_thread_and_comes_back_when_the_loa
     (both 34 ms), the next probe brings the caller's count back."""
     chooser = ThreadChooser((2, 1))
     busy = {2: 0.110, 1: 0.040}
-    _, _, counts = simulate(chooser, busy, 8, {2: 1 / 0.110, 1: 1 / 0.040})
-    assert counts[:4] == [2] * 4 and counts[4:6] == [1, 1]  # 4 rounds, then the probe of 1 thread
+    _, _, counts = simulate(chooser, busy, 9, {2: 1 / 0.110, 1: 1 / 0.040})
+    assert counts == [2] * 6 + [1] * 3  # 4 rounds, the probe (2 steps on 2 threads, 2 on 1), then 1 thread
     assert chooser.current == 1 and chooser.switches == 1
     probe_seconds, total, counts = simulate(chooser, busy, 2000, {2: 1 / 0.110, 1: 1 / 0.040})
     assert chooser.current == 1 and counts.count(2) >= 2
@@ -78,13 +81,16 @@ def test_a_count_that_is_only_a_little_faster_does_not_take_over():
     assert chooser.current == 1  # 36% faster: it does
 
 
-def test_a_probe_restarts_the_estimate_of_the_count_it_probes():
-    """The count probed is timed afresh: a load measured long ago does not outlive it."""
+def test_a_probe_times_both_counts_afresh_back_to_back():
+    """While trees win the current count runs no plain step of its own: a probe times it again beside the other
+    count, so a load that came meanwhile is seen (2 threads timed at 34 ms when quiet, now 60 ms; 1 thread 40 ms)."""
     chooser = ThreadChooser((2, 1))
-    simulate(chooser, {2: 0.110, 1: 0.040}, 100, {2: 1 / 0.110, 1: 1 / 0.040})
-    assert chooser.estimate(2) == pytest.approx(0.110)
-    choice = None
-    while choice is None or not choice.probe:
-        choice = chooser.next_round(1 / 0.040)
-        chooser.record(choice, plain=True, seconds=0.040 if choice.threads == 1 else 0.034)
-    assert chooser.estimate(2) == pytest.approx(0.034)
+    simulate(chooser, {2: 0.034, 1: 0.034}, 100, {2: 1.3 / 0.034, 1: 1.3 / 0.034}, trees=True)
+    assert chooser.current == 2 and chooser.estimate(2) == pytest.approx(0.034)
+    loaded = {2: 0.060, 1: 0.040}
+    _, _, counts = simulate(chooser, loaded, 400, {2: 1.3 / 0.060, 1: 1.3 / 0.040}, trees=True)
+    assert chooser.current == 1 and chooser.switches == 1
+    assert chooser.estimate(1) == pytest.approx(0.040) and chooser.estimate(2) == pytest.approx(0.060)
+    # the first probe after the load came already found it: two steps on 2 threads, two on 1, then 1 thread
+    first = counts.index(1)
+    assert counts[first - 2 : first + 3] == [2, 2, 1, 1, 1]

@@ -405,13 +405,15 @@ def _thread_chooser(
     own_planner: RoundPlanner | None,
     adapt: bool | ThreadChooser | None,
 ) -> ThreadChooser | None:
-    """The `ThreadChooser` of this call: `adapt` when one is given; with `adapt` unset or `True` on CPU, the one this
-    head, target and caller's thread count keep across calls (what it timed of the machine's load carries over),
-    when the caller uses more than one thread; else `None`."""
+    """The `ThreadChooser` of this call on CPU (`None` elsewhere): `adapt` when one is given; with `adapt` unset (and
+    the default planner) or `True`, the one this head, target and caller's thread count keep across calls (what it
+    timed of the machine's load carries over), when the caller uses more than one thread; else `None`."""
+    if model.device.type != "cpu":
+        return None  # the device's kernels do not run on torch's CPU threads
     if isinstance(adapt, ThreadChooser):
         return adapt
     wanted = planner is not None and own_planner is None if adapt is None else adapt
-    if not wanted or model.device.type != "cpu" or torch.get_num_threads() < 2:
+    if not wanted or torch.get_num_threads() < 2:
         return None
     key = (id(model), torch.get_num_threads())
     choosers = _THREAD_CHOOSERS.setdefault(draft, {})
@@ -483,6 +485,7 @@ class _TreeDecoder:
         # draft before its next tree
         self.pending: list[tuple[torch.LongTensor, torch.Tensor, torch.BoolTensor | None]] = []
         self.prompt_pending = False
+        self.pending_chosen = False  # whether the planner chose a plain step among them (not only thread probes)
         self.clock = _PhaseClock(model.device)
         self.unread: list[tuple] = []  # rounds whose phase marks the device may not have passed yet (CUDA)
 
@@ -561,14 +564,13 @@ class _TreeDecoder:
         start = time.perf_counter()
         threads = None
         if self.threads is not None:
+            self._match_planner_costs(self.threads.current)  # its expected rate must be this count's
             expected = self.planner.expected_rate() if hasattr(self.planner, "expected_rate") else math.nan
             threads = self.threads.next_round(expected)
-            if not threads.probe and hasattr(self.planner, "forget_costs"):
-                if _COSTS_TIMED_WITH.setdefault(self.planner, threads.threads) != threads.threads:
-                    self.planner.forget_costs()  # they were timed with another count
-                    _COSTS_TIMED_WITH[self.planner] = threads.threads
             if threads.threads != torch.get_num_threads():
                 torch.set_num_threads(threads.threads)
+        if threads is None or not threads.probe:
+            self._match_planner_costs(torch.get_num_threads())
         if threads is not None and threads.probe:
             shape, confidence = PLAIN_STEP, None
         elif self.planner is None:
@@ -579,6 +581,15 @@ class _TreeDecoder:
         if self.planner is not None or threads is not None:
             self.phase_seconds["planner"].append(time.perf_counter() - start)
         return shape, confidence, threads
+
+    def _match_planner_costs(self, threads: int) -> None:
+        """Make the planner forget costs timed with another torch thread count than `threads` (CPU; a planner serves
+        every count of its head and target: calls with and without a thread chooser, and the chooser's switches)."""
+        if self.model.device.type != "cpu" or not hasattr(self.planner, "forget_costs"):
+            return
+        if _COSTS_TIMED_WITH.setdefault(self.planner, threads) != threads:
+            self.planner.forget_costs()
+            _COSTS_TIMED_WITH[self.planner] = threads
 
     def _root_confidence(self) -> float:
         """The head's root confidence at the temperature its trees are drawn with (greedy: 1)."""
@@ -630,6 +641,7 @@ class _TreeDecoder:
                 self.drafter.extend(new_tokens[None], features[path][None])
             else:
                 self.pending.append((new_tokens[None], features[path][None], None))
+                self.pending_chosen = self.pending_chosen or threads is None or not threads.probe
         marks.append(self.clock.mark())
         self.shapes.append(shape if depth > 0 else PLAIN_STEP)
         self.confidences.append(confidence)
@@ -678,7 +690,8 @@ class _TreeDecoder:
     def _flush_pending(self) -> int:
         """Encode the tokens of the plain steps since the last tree (and the prompt, before the first tree) into the
         draft, in one forward; returns how many plain steps' tokens there were, 0 when the prompt was among them (a
-        cost per plain token cannot be told apart from the prompt's then, and the planner is not told)."""
+        cost per plain token cannot be told apart from the prompt's then) or when they were all thread probes' (the
+        planner chose no plain step, so it switched back to nothing): the planner is then not told."""
         if not self.pending:
             return 0
         tokens, features, keeps = zip(*self.pending)
@@ -691,7 +704,8 @@ class _TreeDecoder:
         self.drafter.extend(tokens, torch.cat(features, dim=1), keep=keep)
         self.pending.clear()
         with_prompt, self.prompt_pending = self.prompt_pending, False
-        return 0 if with_prompt else tokens.shape[1]
+        chosen, self.pending_chosen = self.pending_chosen, False
+        return tokens.shape[1] if chosen and not with_prompt else 0
 
     def _read_rounds(self, final: bool) -> None:
         """Turn the phase marks of finished rounds into seconds, and tell the planner what each cost and accepted

@@ -11,16 +11,19 @@ any tree shape, and a tree, whose rounds hold more products, loses most.
 smaller count's plain steps are measured clearly faster (by `switch_margin`), and probes the other counts now and
 then with a few plain steps, the planner not told, so that a load that comes or goes is followed:
 
-- **What a probe loses.** A probe of `probe_steps` plain steps at count `t` costs their seconds, where the rounds at
-  the current count would have produced as many tokens at the planner's expected rate (trees included). Probes of
-  `t` come once the seconds decoded since `t` last ran, times `probe_budget`, cover that loss (at least
-  `min_loss_share` of the probe's own seconds, so that equal counts are not probed every round): probing loses at
-  most `probe_budget` of the time. A count never timed is probed after `first_probe_rounds` rounds.
+- **A probe** of count `t` is `probe_steps` plain steps at the current count, then as many at `t`, both counts'
+  estimates started afresh: the two are timed back to back under the same load. (While trees win, the current count
+  runs no plain step of its own, and its estimate would be a step timed long ago, under another load.)
+- **What a probe loses.** Its plain steps cost their seconds, where the rounds at the current count would have
+  produced as many tokens at the planner's expected rate (trees included). Probes of `t` come once the seconds
+  decoded since `t` last ran, times `probe_budget`, cover that loss (each step charged at least `min_loss_share` of
+  its own seconds, so that equal counts are not probed every round): probing loses at most `probe_budget` of the
+  time. A count never timed is probed after `first_probe_rounds` rounds.
 - **Switching.** The count chosen is the largest whose plain-step estimate is within `switch_margin` of the fastest
-  one's: equal counts keep the user's, a contended one gives way to one 20% faster or more. The probed count's
-  estimate starts afresh with each probe (the load it was timed under may be gone), and the current count's follows
-  its own plain steps. When the rounds run with another count than the planner's costs were timed with, the
-  decoder makes it forget them (`RoundPlanner.forget_costs`), keeping what it learned of acceptance.
+  one's: equal counts keep the user's, a contended one gives way to one more than 20% faster. Between probes the
+  current count's estimate also follows the plain steps the planner chooses. When the rounds run with another count
+  than the planner's costs were timed with, the decoder makes it forget them (`RoundPlanner.forget_costs`), keeping
+  what it learned of acceptance.
 
 Changing the count is process-wide (`torch.set_num_threads`): the decoder restores the caller's count when the
 call ends, and `generate(..., tree_adapt_threads=False)` keeps it fixed throughout. Pure Python: tested with
@@ -51,7 +54,7 @@ class ThreadChooser:
 
     Args:
         counts (`tuple[int]`): the counts to choose from; the largest is the caller's, where the rounds start.
-        probe_steps (`int`): plain steps per probe; the probed count's estimate restarts from them.
+        probe_steps (`int`): plain steps per count in a probe; both counts' estimates restart from them.
         probe_budget (`float`): the share of the time probes may lose.
         min_loss_share (`float`): the least loss a probe is charged, as a share of its own seconds.
         first_probe_rounds (`int`): rounds at the current count before a count never timed is probed.
@@ -80,7 +83,7 @@ class ThreadChooser:
         self.since = {count: 0.0 for count in self.counts}  # seconds decoded since the count last ran a round
         self.rounds_here = 0  # rounds at the current count since it became current
         self.switches = 0
-        self._probing, self._probe_left = self.current, 0
+        self._probe: list[ThreadChoice] = []  # the rest of the probe under way
 
     @property
     def adapts(self) -> bool:
@@ -89,9 +92,8 @@ class ThreadChooser:
     def next_round(self, expected_rate: float = math.nan) -> ThreadChoice:
         """The count of the next round. `expected_rate` is the planner's tokens per second at the current count
         (`RoundPlanner.expected_rate`; `nan` when unknown: a plain step's rate is assumed)."""
-        if self._probe_left:
-            self._probe_left -= 1
-            return ThreadChoice(self._probing, True)
+        if self._probe:
+            return self._probe.pop(0)
         preferred = self._preferred()
         if preferred != self.current:
             self.current, self.rounds_here = preferred, 0
@@ -99,9 +101,10 @@ class ThreadChooser:
         probed = self._due_probe(expected_rate)
         if probed is None:
             return ThreadChoice(self.current, False)
-        self._probing, self._probe_left = probed, self.probe_steps - 1
-        self.steps[probed] = RecentSeconds(self.window)
-        return ThreadChoice(probed, True)
+        for count in (self.current, probed):
+            self.steps[count] = RecentSeconds(self.window)
+        self._probe = [ThreadChoice(count, True) for count in (self.current, probed) for _ in range(self.probe_steps)]
+        return self._probe.pop(0)
 
     def record(self, choice: ThreadChoice, plain: bool, seconds: float) -> None:
         """A round chosen as `choice` took `seconds`; `plain`: it was a one-token step without a draft."""
@@ -138,7 +141,8 @@ class ThreadChooser:
             there = self.estimate(count)
             if there is None:
                 return count
-            loss = self.probe_steps * max(there - per_token, self.min_loss_share * there)
+            steps = (here, there)  # the current count's plain steps, then the probed count's
+            loss = self.probe_steps * sum(max(step - per_token, self.min_loss_share * step) for step in steps)
             if self.since[count] * self.probe_budget >= loss:
                 return count
         return None
