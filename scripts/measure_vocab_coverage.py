@@ -1,33 +1,28 @@
 """How much of held-out text a draft vocabulary can predict at all: the share of held-out answer tokens inside the
-head's draft vocabulary (its `t2d`), and inside the `N` most frequent tokens of the training answers for larger `N`
-(issue 17's "draft vocabulary 8k vs 16k/32k"). A token outside the draft vocabulary is never drafted, so this share
+head's draft vocabulary (its `t2d`), and inside the `N`-token vocabularies `train` would choose from the training
+answers for larger `N` (`select_draft_token_ids`: the most frequent; issue 17's "draft vocabulary 8k vs 16k/32k"). A token outside the draft vocabulary is never drafted, so this share
 caps every position's top-1 accuracy.
 
     .venv/bin/python scripts/measure_vocab_coverage.py --head model_cards/eagle3-SmolLM2-135M-Instruct \
         --train data/regenerated/*.jsonl.gz --heldout runs/diagnose/answers/heldout-11045b04447b.jsonl
 
-Files are JSONL records with `messages` (what `eagle3-hf regenerate` and `diagnose --regenerated_dir` write); the
-assistant turns are tokenized with the target's tokenizer, without special tokens.
+Files are JSONL records (`.gz` or not) with `messages` (what `eagle3-hf regenerate` and `diagnose --regenerated_dir`
+write); the assistant turns are tokenized with the target's tokenizer, without special tokens.
 """
 
 import argparse
-import gzip
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from eagle3_hf.loading import DEFAULT_TARGET, load_tokenizer
+from eagle3_hf.training.records import iter_json_records
+from eagle3_hf.training.vocab import select_draft_token_ids
 
 
 def assistant_texts(path: Path) -> list[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    texts = []
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
-            texts += [m["content"] for m in json.loads(line)["messages"] if m["role"] == "assistant"]
-    return texts
+    return [m["content"] for record in iter_json_records(path) for m in record["messages"] if m["role"] == "assistant"]
 
 
 def token_counts(tokenizer, texts: list[str], vocab_size: int, batch: int = 512) -> torch.Tensor:
@@ -55,12 +50,11 @@ def main() -> None:
     print(f"training answers: {int(train.sum())} tokens, {int((train > 0).sum())} distinct")
     print(f"held-out answers: {int(heldout.sum())} tokens")
     print(f"the head's draft vocabulary ({int(t2d.sum())} tokens) covers {heldout[t2d].sum() / heldout.sum():.4f}")
-    order = train.argsort(descending=True)
     for size in args.sizes:
-        top = order[:size]
+        chosen = select_draft_token_ids(train, size)[0]
         print(
-            f"the {size} most frequent training tokens cover {heldout[top].sum() / heldout.sum():.4f} of the "
-            f"held-out tokens ({train[top].sum() / train.sum():.4f} of the training tokens)"
+            f"the {size}-token vocabulary of the training answers covers {heldout[chosen].sum() / heldout.sum():.4f} "
+            f"of the held-out tokens ({train[chosen].sum() / train.sum():.4f} of the training tokens)"
         )
 
 
