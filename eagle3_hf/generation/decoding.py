@@ -375,13 +375,19 @@ def _planner_for(
     """The planner of this head and target for this shape space and sampling temperature (acceptance differs with
     it), made the first time they meet."""
     sampling = (bool(generation_config.do_sample), generation_config.temperature if generation_config.do_sample else 0)
-    key = (id(model), tuple(node_counts), max_depth, settings, sampling)
-    planners = _PLANNERS.setdefault(draft, {})
-    reference, planner = planners.get(key, (None, None))
+    key = (tuple(node_counts), max_depth, settings, sampling)
+    return _kept(_PLANNERS, draft, model, key, lambda: new_planner(model, settings))
+
+
+def _kept(store: weakref.WeakKeyDictionary, draft: Eagle3DraftModel, model: PreTrainedModel, key: tuple, make):
+    """What `store` keeps for this head, target and `key`, made by `make()` the first time (or when the target it
+    was made for is gone and another took its id)."""
+    kept, key = store.setdefault(draft, {}), (id(model), *key)
+    reference, value = kept.get(key, (None, None))
     if reference is None or reference() is not model:
-        planner = new_planner(model, settings)
-        planners[key] = (weakref.ref(model), planner)
-    return planner
+        value = make()
+        kept[key] = (weakref.ref(model), value)
+    return value
 
 
 def new_planner(model: PreTrainedModel, settings: TreeSettings, config: PlannerConfig | None = None) -> RoundPlanner:
@@ -415,13 +421,8 @@ def _thread_chooser(
     wanted = planner is not None and own_planner is None if adapt is None else adapt
     if not wanted or torch.get_num_threads() < 2:
         return None
-    key = (id(model), torch.get_num_threads())
-    choosers = _THREAD_CHOOSERS.setdefault(draft, {})
-    reference, chooser = choosers.get(key, (None, None))
-    if reference is None or reference() is not model:
-        chooser = ThreadChooser(candidate_thread_counts(torch.get_num_threads()))
-        choosers[key] = (weakref.ref(model), chooser)
-    return chooser
+    threads = torch.get_num_threads()
+    return _kept(_THREAD_CHOOSERS, draft, model, (threads,), lambda: ThreadChooser(candidate_thread_counts(threads)))
 
 
 class _PhaseClock:
