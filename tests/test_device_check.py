@@ -23,7 +23,8 @@ def test_smoke_run_reports_identical_greedy_and_every_measurement(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads((tmp_path / "device_check.json").read_text())
-    assert (tmp_path / "device_check.md").read_text().startswith("# EAGLE-3 device check")
+    markdown = (tmp_path / "device_check.md").read_text()
+    assert markdown.startswith("# EAGLE-3 device check")
     assert report["errors"] == []
     assert report["meta"]["mode"] == "smoke"
 
@@ -49,6 +50,9 @@ def test_smoke_run_reports_identical_greedy_and_every_measurement(tmp_path):
     assert speed["head"]["layers"] == 1
     assert speed["target_follows_its_permutation"] == 1.0  # the greedy continuation the drafter knows is stable
     assert speed["plain_generate"]["tokens_per_s"] > 0 and speed["plain_step_ms"] > 0
+    without_cudnn = speed["plain_generate_without_cudnn_sdpa"]
+    assert without_cudnn["identical_to_plain"] and len(without_cudnn["seconds_runs"]) == 1
+    assert "without cuDNN" in markdown
     assert {int(n) for n in speed["verify_tree_ms_by_nodes"]} == {1, 2, 4, 8, 16, 24, 32, 48, 60, 64}
     assert set(speed["draft_grow_ms_by_depth"]) == {str(d) for d in range(1, 7)}
     assert set(speed["draft_update_ms_by_tokens"]) == {"1", "4", "7"}

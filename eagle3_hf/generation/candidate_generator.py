@@ -34,7 +34,7 @@ from transformers.utils import ModelOutput
 
 from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
-from .cuda_attention import tree_attention_kernels
+from .cuda_attention import speculative_attention_kernels
 from .verify import check_stateless_processors
 
 
@@ -163,7 +163,7 @@ class Eagle3CandidateGenerator(CandidateGenerator):
         self._position_ids = model_kwargs.get("position_ids")
         # The target verifies k candidates and adds a bonus token: stay within max_length.
         num_candidates = min(self.num_assistant_tokens, self.max_length - input_ids.shape[1] - 1)
-        with tree_attention_kernels(self.draft.device):  # masked head forwards: keep them off cuDNN's SDPA
+        with speculative_attention_kernels(self.draft.device):  # masked head forwards: keep them off cuDNN's SDPA
             last_hidden, last_logits = self._encode_new_pairs(input_ids, model_outputs, n_last_matches)
             if num_candidates <= 0:
                 return input_ids, None

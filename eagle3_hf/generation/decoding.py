@@ -27,6 +27,7 @@ from ..modeling_eagle3 import Eagle3DraftModel
 from ..target import gather_target_features
 from .cost_model import PLAIN_STEP, PlannerConfig, RoundPlanner, TreeShape
 from .cpu_packing import is_packable_target, pack_for_tree_decoding
+from .cuda_attention import speculative_attention_kernels
 from .drafter import TreeDrafter
 from .kv_cache import end_past_recording, keep_tree_entries
 from .lookup import prompt_lookup_chain
@@ -498,20 +499,22 @@ class _TreeDecoder:
         cache = model_kwargs.get("cache")
         cache = DynamicCache(config=self.model.config) if cache is None else cache
         callers_threads = torch.get_num_threads()
-        try:
-            if self.threads is not None:  # the prompt too runs with the count the machine's load calls for
-                torch.set_num_threads(self.threads.current)
-            stopped = self._prefill(cache, model_kwargs)
-            if not stopped:
-                check_tree_cache(cache, self.layer_kinds)
-                cache.activate_past_recording()  # sliding layers keep their past until `keep_tree_entries` trims it
+        # every forward of the call, plain steps and the prefill included, off cuDNN's per-shape SDPA plans (CUDA)
+        with speculative_attention_kernels(self.model.device):
             try:
-                while not stopped:
-                    stopped = self._round(cache, output_draft_trees)
+                if self.threads is not None:  # the prompt too runs with the count the machine's load calls for
+                    torch.set_num_threads(self.threads.current)
+                stopped = self._prefill(cache, model_kwargs)
+                if not stopped:
+                    check_tree_cache(cache, self.layer_kinds)
+                    cache.activate_past_recording()  # sliding layers keep their past until `keep_tree_entries` trims
+                try:
+                    while not stopped:
+                        stopped = self._round(cache, output_draft_trees)
+                finally:
+                    end_past_recording(cache)  # the returned cache must work for a later plain `generate`, as stock's
             finally:
-                end_past_recording(cache)  # the returned cache must work for a later plain `generate`, as stock's does
-        finally:
-            torch.set_num_threads(callers_threads)
+                torch.set_num_threads(callers_threads)
         if self.streamer is not None:
             self.streamer.end()
         return Eagle3GenerateOutput(

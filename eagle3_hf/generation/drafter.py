@@ -12,7 +12,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from ..modeling_eagle3 import Eagle3DraftModel
-from .cuda_attention import tree_attention_kernels
+from .cuda_attention import speculative_attention_kernels
 from .tree import DraftTree, additive_mask, ancestor_matrix, build_tree
 
 
@@ -53,7 +53,7 @@ class TreeDrafter:
             keep = torch.ones(num_new, dtype=torch.bool, device=device) if keep is None else keep.to(device)
             self.past_keep = torch.cat([self.past_keep, keep])
             attention_mask = self.past_keep.long()[None]
-        with tree_attention_kernels(device):
+        with speculative_attention_kernels(device):
             out = self.draft(
                 input_ids=tokens.to(device),
                 target_hidden_states=features.to(device),
@@ -218,7 +218,7 @@ class TreeDrafter:
         past = torch.ones(tokens.shape[0], stable, dtype=torch.bool, device=device)
         if self.past_keep is not None:
             past = past & self.past_keep[None, :]
-        with tree_attention_kernels(device):
+        with speculative_attention_kernels(device):
             out = self.draft(
                 input_ids=tokens[None],
                 hidden_states=hidden[None],

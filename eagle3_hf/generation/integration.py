@@ -22,6 +22,7 @@ from transformers.generation import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
 from ..modeling_eagle3 import Eagle3DraftModel
+from .cuda_attention import speculative_attention_kernels
 from .decoding import eagle3_generate
 
 
@@ -88,7 +89,11 @@ def generate(self, *args, **kwargs):
         from .candidate_generator import chain_mode
 
         config, chain_length = arguments.get("generation_config"), arguments.get("num_assistant_tokens")
-        with chain_mode(self, draft, config, num_assistant_tokens=chain_length):
+        # the assisted loop's verifications too meet a new shape every round: off cuDNN's SDPA plans (CUDA)
+        with (
+            chain_mode(self, draft, config, num_assistant_tokens=chain_length),
+            speculative_attention_kernels(self.device),
+        ):
             return original_generate(self, *args, **kwargs)
     if arguments.get("custom_generate") is not None:
         raise ValueError("Pass either an Eagle3DraftModel as assistant_model or custom_generate=, not both.")

@@ -23,7 +23,7 @@ from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLa
 from transformers.generation import LogitsProcessorList, logits_process
 
 from ..target import capture_last_layer_output, gather_target_features
-from .cuda_attention import tree_attention_kernels
+from .cuda_attention import speculative_attention_kernels
 from .tree import DraftTree, additive_mask, node_sequences, tree_position_ids, tree_visibility
 
 
@@ -165,7 +165,7 @@ def verify_tree(
     """
     layer_kinds = attention_layer_kinds(model) if layer_kinds is None else layer_kinds
     mask = tree_attention_masks(cache, tree, model.dtype, layer_kinds, padding)
-    with capturing_taps(model, layer_ids) as captured, tree_attention_kernels(tree.tokens.device):
+    with capturing_taps(model, layer_ids) as captured, speculative_attention_kernels(tree.tokens.device):
         outputs = model(
             input_ids=tree.tokens[None],
             attention_mask=mask,
