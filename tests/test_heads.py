@@ -90,6 +90,26 @@ def test_train_command_declares_the_size_and_layer_options():
         make_parser().parse_args_into_dataclasses(args=["--output_dir=x", "--init_layers_from_target=random"])
 
 
+def test_fc_norm_gives_a_fresh_head_one_input_norm_per_tap_and_a_continued_head_keeps_its_inputs(target, tmp_path):
+    draft = build_draft_head(target, draft_vocab_size=64, fc_norm=True)
+    assert draft.config.fc_norm and len(draft.fc_norm) == len(draft.config.target_layer_ids)
+    scaled = FEATURES.clone()
+    scaled[..., :32] *= 50.0  # one tap far larger than the others: its norm takes the scale out
+    with torch.no_grad():
+        same = next(unroll_training_time_test(draft, draft.config, IDS, torch.ones(2, 9), FEATURES, 1)).logits
+        large = next(unroll_training_time_test(draft, draft.config, IDS, torch.ones(2, 9), scaled, 1)).logits
+    torch.testing.assert_close(large, same, atol=1e-4, rtol=1e-4)
+    assert not build_draft_head(target, draft_vocab_size=64).config.fc_norm
+    Eagle3DraftModel.from_target(target, draft_vocab_size=64).save_pretrained(tmp_path / "plain")
+    with pytest.raises(ValueError, match="fc_norm=True but the head to continue .* has no fc_norm"):
+        build_draft_head(target, pretrained=str(tmp_path / "plain"), fc_norm=True)
+    draft.save_pretrained(tmp_path / "normed")
+    assert build_draft_head(target, pretrained=str(tmp_path / "normed"), fc_norm=True).config.fc_norm
+    from eagle3_hf.commands.train import make_parser
+
+    assert make_parser().parse_args_into_dataclasses(args=["--output_dir=x", "--fc_norm=true"])[0].fc_norm
+
+
 # ----------------------------------------------------------------------------------------------- identity
 def test_identity_layers_compute_exactly_what_the_first_layer_alone_computes(target):
     draft = build_draft_head(target, num_hidden_layers=3, init_layers_from_target="identity", draft_vocab_size=64)

@@ -54,6 +54,13 @@ class ModelArguments:
         default=False,
         metadata={"help": "With --init_from_target, also start fc as the projection onto the highest tapped layer."},
     )
+    fc_norm: bool = field(
+        default=False,
+        metadata={
+            "help": "A fresh head normalises each tapped target layer on its own (one RMSNorm each) before fc "
+            "(EAGLE-3.1's `fc_norm`; the taps' scales differ several-fold). A continued head keeps its own inputs."
+        },
+    )
     freeze_lm_head: bool = field(
         default=False, metadata={"help": "Do not train the head's lm_head (sensible with --init_from_target)."}
     )
@@ -229,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         init_from_target=model_args.init_from_target,
         init_fc_from_top_feature=model_args.init_fc_from_top_feature,
         freeze_lm_head=model_args.freeze_lm_head,
+        fc_norm=model_args.fc_norm,
     )
     if args.feature_mode == "offline":
         train, evaluation = _offline_datasets(args, target, draft.config.target_layer_ids, train, evaluation)

@@ -37,6 +37,7 @@ def build_draft_head(
     init_from_target: bool = True,
     init_fc_from_top_feature: bool = False,
     freeze_lm_head: bool = False,
+    fc_norm: bool = False,
 ) -> Eagle3DraftModel:
     """A head ready for `Eagle3Trainer`, in float32 (master weights; mixed precision comes from the trainer).
 
@@ -62,6 +63,9 @@ def build_draft_head(
         init_fc_from_top_feature (`bool`, *optional*, defaults to `False`): with `init_from_target`, also start
             `fc` as the projection onto the highest tapped layer.
         freeze_lm_head (`bool`, *optional*, defaults to `False`): do not train `lm_head`.
+        fc_norm (`bool`, *optional*, defaults to `False`): a fresh head gets EAGLE-3.1's input norms, one RMSNorm
+            per tapped layer before `fc` (`Eagle3Config.fc_norm`). A `pretrained` head keeps its own inputs: asking
+            a head without them for them is an error (they would change what its `fc` was trained on).
     """
     if init_layers_from_target not in LAYER_INITS:
         raise ValueError(f"init_layers_from_target={init_layers_from_target!r}; expected one of {LAYER_INITS}.")
@@ -72,6 +76,11 @@ def build_draft_head(
         draft = _continued_head(
             target, draft_vocab, pretrained, num_hidden_layers, intermediate_size, init_layers_from_target
         )
+        if fc_norm and not draft.config.fc_norm:
+            raise ValueError(
+                f"fc_norm=True but the head to continue ({pretrained}) has no fc_norm; input norms are chosen when a "
+                "head is created (its fc was trained on the unnormalised features). Leave the option unset."
+            )
     else:
         size = draft_vocab.d2t.shape[0] if draft_vocab is not None else min(draft_vocab_size, text_config.vocab_size)
         overrides = {"target_layer_ids": list(target_layer_ids)} if target_layer_ids is not None else {}
@@ -79,6 +88,8 @@ def build_draft_head(
             overrides["num_hidden_layers"] = num_hidden_layers
         if intermediate_size is not None:
             overrides["intermediate_size"] = intermediate_size
+        if fc_norm:
+            overrides["fc_norm"] = True
         draft = Eagle3DraftModel.from_target(target, draft_vocab_size=size, **overrides)
         if draft_vocab is not None:
             draft.set_vocab_maps(draft_vocab.d2t, draft_vocab.t2d)
