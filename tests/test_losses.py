@@ -85,6 +85,13 @@ class TestLoss:
         assert probs.dtype == torch.float32
         assert in_vocab.tolist() == [[False, True]]  # argmax id 1 is outside the draft vocab
 
+    def test_hard_targets_are_one_hot_at_the_restricted_top_1(self):
+        t2d = torch.tensor([True, False, True, True])
+        logits = torch.tensor([[[1.0, 5.0, 2.0, 0.0], [3.0, 0.0, 1.0, 0.0]]])
+        probs, in_vocab = soft_targets(logits, t2d, hard=True)
+        assert probs.tolist() == [[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]]  # draft ids 1 (target 2) and 0 (target 0)
+        assert in_vocab.tolist() == [[False, True]]  # the first position stays masked: its top-1 is outside
+
     def test_step_targets_alignment(self):
         # probs[t] is a one-hot on draft id t (target P[t]); loss_mask marks tokens 2..5.
         seq = 6

@@ -229,6 +229,37 @@ class TestAblations:
         assert regression > 0
         torch.testing.assert_close(loss_regressed, loss_plain + 2.0 * regression, rtol=1e-4, atol=1e-5)
 
+    def test_hard_labels_train_on_cross_entropy_at_the_targets_top_1(self, tmp_path):
+        from eagle3_hf.training.features import online_target_outputs
+        from eagle3_hf.training.losses import soft_label_loss, soft_targets, step_targets
+
+        target = make_tiny_target()  # random: its distributions are far from one-hot
+        batch = batch_of(make_dataset())
+        soft = Eagle3Trainer(make_draft(target), make_args(tmp_path, ttt_steps=1), target_model=target)
+        hard = Eagle3Trainer(
+            make_draft(target), make_args(tmp_path, ttt_steps=1, hard_labels=True), target_model=target
+        )
+        draft = hard.model
+        with torch.no_grad():
+            loss_soft = soft.compute_loss(soft.model, batch)
+            loss_hard = hard.compute_loss(draft, batch)
+            outputs = online_target_outputs(
+                target, batch["input_ids"], batch["attention_mask"], draft.config.target_layer_ids
+            )
+            logits = next(
+                unroll_training_time_test(
+                    draft, draft.config, batch["input_ids"], batch["attention_mask"], outputs.features, 1
+                )
+            ).logits
+            labels = soft_targets(outputs.logits, draft.t2d)[0].argmax(-1)
+            one_hot = torch.nn.functional.one_hot(labels, logits.shape[-1]).float()
+            probs, position_mask = step_targets(
+                one_hot, soft_targets(outputs.logits, draft.t2d)[1], batch["loss_mask"], 0
+            )
+            expected = soft_label_loss(logits, probs, position_mask)
+        torch.testing.assert_close(loss_hard, expected, rtol=1e-5, atol=1e-6)
+        assert not torch.isclose(loss_hard, loss_soft)
+
 
 class TestArguments:
     @pytest.mark.parametrize(

@@ -99,20 +99,27 @@ def ttt_attention_mask(attention_mask: torch.Tensor, step: int, sliding_window: 
     return torch.cat(blocks, dim=-1)[:, None]  # shape: [B, 1, T, (step + 1) * T]
 
 
-def soft_targets(target_logits: torch.Tensor, t2d: torch.BoolTensor) -> tuple[torch.Tensor, torch.BoolTensor]:
+def soft_targets(
+    target_logits: torch.Tensor, t2d: torch.BoolTensor, hard: bool = False
+) -> tuple[torch.Tensor, torch.BoolTensor]:
     """Target distribution restricted to the draft vocabulary, and where the target's top-1 lies inside it.
 
     Args:
         target_logits (`torch.Tensor` of shape `(batch, seq, vocab_size)`): target logits `P`.
         t2d (`torch.BoolTensor` of shape `(vocab_size,)`): draft-vocabulary membership of each target id.
+        hard (`bool`, *optional*, defaults to `False`): one-hot labels on the target's top-1 token instead of its
+            distribution (the loss becomes plain cross-entropy; an ablation, `--hard_labels`). Where that token is
+            outside the draft vocabulary the position is masked either way (`in_draft_vocab`).
 
     Returns:
         probs (`torch.FloatTensor` of shape `(batch, seq, draft_vocab_size)`): `softmax(P[..., t2d])` in fp32,
-            in draft-id order (the draft vocabulary is sorted).
+            in draft-id order (the draft vocabulary is sorted); with `hard`, its one-hot argmax.
         in_draft_vocab (`torch.BoolTensor` of shape `(batch, seq)`): `t2d[argmax_V P]`.
     """
     t2d = t2d.to(target_logits.device)
     probs = torch.softmax(target_logits[..., t2d].float(), dim=-1)
+    if hard:
+        probs = F.one_hot(probs.argmax(dim=-1), probs.shape[-1]).float()
     in_draft_vocab = t2d[target_logits.argmax(dim=-1)]
     return probs, in_draft_vocab
 

@@ -198,7 +198,7 @@ class Eagle3Trainer(Trainer):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Unroll `ttt_steps` draft steps; returns the weighted loss and per-sample statistics `{name: (batch,)}`."""
         input_ids, attention_mask, loss_mask = inputs["input_ids"], inputs["attention_mask"], inputs["loss_mask"]
-        probs, in_draft_vocab = soft_targets(target_outputs.logits, draft.t2d)
+        probs, in_draft_vocab = soft_targets(target_outputs.logits, draft.t2d, hard=self.args.hard_labels)
         loss, stats, correct = 0.0, {}, []
         steps = unroll_training_time_test(
             model, draft.config, input_ids, attention_mask, target_outputs.features, self.args.ttt_steps

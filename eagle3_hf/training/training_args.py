@@ -43,6 +43,9 @@ class Eagle3TrainingArguments(TrainingArguments):
             Folder of the offline feature cache; required when `feature_mode="offline"`.
         feature_cache_dtype (`str`, *optional*, defaults to `"bfloat16"`):
             Storage dtype of the offline cache (`"bfloat16"`, `"float16"` or `"float32"`).
+        hard_labels (`bool`, *optional*, defaults to `False`):
+            Ablation: train on one-hot labels at the target's top-1 token (cross-entropy) instead of the target's
+            distribution over the draft vocabulary.
         single_feature (`bool`, *optional*, defaults to `False`):
             Ablation: fuse only the top feature, `target_layer_ids=[L - 3]`, instead of `[2, L // 2, L - 3]`.
     """
@@ -50,6 +53,13 @@ class Eagle3TrainingArguments(TrainingArguments):
     # --- EAGLE-3 training-time test ---
     ttt_steps: int = field(default=7, metadata={"help": "Unrolled draft steps per batch (1 = no training-time test)."})
     ttt_step_loss_decay: float = field(default=0.8, metadata={"help": "Step k of the unroll is weighted decay**k."})
+    hard_labels: bool = field(
+        default=False,
+        metadata={
+            "help": "Ablation: cross-entropy on the target's top-1 token instead of its distribution over the draft "
+            "vocabulary (EAGLE-3 and the peers train on the distribution)."
+        },
+    )
     feature_regression_weight: float = field(
         default=0.0,
         metadata={"help": "Weight of EAGLE-1's SmoothL1 feature-regression loss (ablation; EAGLE-3 uses 0)."},
