@@ -271,16 +271,11 @@ def wall(fn, device: torch.device):
     return result, time.perf_counter() - began
 
 
-def median_interval_ms(clock: StepClock) -> float | None:
-    """Median time between consecutive steps or rounds; None when the clock saw fewer than two."""
+def median_interval_ms(clock: StepClock, statistic=statistics.median) -> float | None:
+    """Median (or `statistic`: the mean shows steps that pay a one-off cost, which the median hides) time between
+    consecutive steps or rounds; None when the clock saw fewer than two."""
     gaps = clock.intervals()
-    return 1e3 * statistics.median(gaps) if gaps else None
-
-
-def mean_interval_ms(clock: StepClock) -> float | None:
-    """Mean time between consecutive steps or rounds (the median hides steps that pay a one-off cost)."""
-    gaps = clock.intervals()
-    return 1e3 * statistics.mean(gaps) if gaps else None
+    return 1e3 * statistic(gaps) if gaps else None
 
 
 def count_syncs(fn, device: torch.device) -> int | None:
@@ -648,10 +643,10 @@ def plain_baseline(target, prompt, sigma, device, args, section: dict) -> tuple[
         "seconds_median": statistics.median(runs),
         "tokens_per_s": new / statistics.median(runs),
         "step_ms_inside_generate": median_interval_ms(clock),
-        "step_ms_mean_inside_generate": mean_interval_ms(clock),
+        "step_ms_mean_inside_generate": median_interval_ms(clock, statistics.mean),
         "seconds_runs": runs,
     }
-    # the same calls with cuDNN's SDPA off throughout (as the tree loop runs its masked forwards): a baseline that
+    # the same calls with cuDNN's SDPA off throughout (as a speculative call runs every forward): a baseline that
     # does not pay cuDNN's per-shape plans either, for an honest speedup where plain decoding pays them too
     section["plain_generate_without_cudnn_sdpa"] = {
         "seconds_median": statistics.median(runs_without_cudnn),
@@ -665,8 +660,8 @@ def plain_baseline(target, prompt, sigma, device, args, section: dict) -> tuple[
 def sdpa_new_shapes(target, prompt_length: int, device: torch.device, repeats: int) -> dict:
     """One attention call of the target's shape, each at a cache length not seen before, as every round of tree
     decoding makes (ms per call, medians): a 60-row tree query under its additive mask with torch's default backend
-    order, the same inside `speculative_attention_kernels` (cuDNN's SDPA off, what the tree loop uses), the masked query at
-    one repeated length, and a one-row unmasked query as plain decoding runs it. On CUDA 13 builds of torch, Hopper
+    order, the same inside `speculative_attention_kernels` (cuDNN's SDPA off, what speculative calls use), the
+    masked query at one repeated length, and a one-row unmasked query as plain decoding runs it. On CUDA 13 builds of torch, Hopper
     tries cuDNN first, which plans per shape (`eagle3_hf/generation/cuda_attention.py`): this measures what that
     costs. Keys and values are repeated to the query heads, as Transformers' sdpa path does under a mask."""
     config = target.config

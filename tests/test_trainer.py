@@ -251,11 +251,9 @@ class TestAblations:
                     draft, draft.config, batch["input_ids"], batch["attention_mask"], outputs.features, 1
                 )
             ).logits
-            labels = soft_targets(outputs.logits, draft.t2d)[0].argmax(-1)
-            one_hot = torch.nn.functional.one_hot(labels, logits.shape[-1]).float()
-            probs, position_mask = step_targets(
-                one_hot, soft_targets(outputs.logits, draft.t2d)[1], batch["loss_mask"], 0
-            )
+            soft_probs, in_draft_vocab = soft_targets(outputs.logits, draft.t2d)
+            one_hot = torch.nn.functional.one_hot(soft_probs.argmax(-1), logits.shape[-1]).float()
+            probs, position_mask = step_targets(one_hot, in_draft_vocab, batch["loss_mask"], 0)
             expected = soft_label_loss(logits, probs, position_mask)
         torch.testing.assert_close(loss_hard, expected, rtol=1e-5, atol=1e-6)
         assert not torch.isclose(loss_hard, loss_soft)

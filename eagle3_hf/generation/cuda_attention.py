@@ -17,7 +17,7 @@ memory-efficient kernel, which build no plans. fp32 is unaffected either way (cu
 only).
 
 `speculative_attention_kernels(device)` is the context a speculative `generate` call runs in from its prefill to
-its last token (tree decoding in `decoding.Eagle3Decoder.run`, chain mode in `integration.generate`), and that the
+its last token (tree decoding in `decoding._TreeDecoder.run`, chain mode in `integration.generate`), and that the
 public tree and draft functions (`verify_tree`, `TreeDrafter`, the chain drafter) enter themselves when called on
 their own: it switches the cuDNN backend off (`torch.backends.cuda.enable_cudnn_sdp(False)`) for the duration and
 restores the caller's setting after; every other backend choice of the caller stays as it was. Nested use is a
