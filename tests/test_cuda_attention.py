@@ -88,19 +88,26 @@ def _record_forwards(model, inside: list, entered: dict):
     return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _tree_generate_forwards(target, draft, entered: dict) -> tuple[list, list]:
-    """(target forwards, head forwards) of one greedy tree `generate` call, as `_record_forwards` notes them."""
+def _generate_forwards(target, draft, entered: dict, **generate_kwargs) -> tuple[list, list]:
+    """(target forwards, head forwards) of one greedy `generate` call on a 12-token prompt, with `draft` as the
+    assistant (None: plain `generate`), as `_record_forwards` notes them."""
     target_calls, head_calls = [], []
-    handles = [_record_forwards(target, target_calls, entered), _record_forwards(draft, head_calls, entered)]
+    handles = [_record_forwards(target, target_calls, entered)]
+    if draft is not None:
+        handles.append(_record_forwards(draft, head_calls, entered))
+        generate_kwargs["assistant_model"] = draft
     try:
         prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
-        target.generate(
-            prompt, assistant_model=draft, do_sample=False, max_new_tokens=12, tree_total_tokens=6, tree_depth=3
-        )
+        target.generate(prompt, do_sample=False, **generate_kwargs)
     finally:
         for handle in handles:
             handle.remove()
     return target_calls, head_calls
+
+
+def _tree_generate_forwards(target, draft, entered: dict) -> tuple[list, list]:
+    """`_generate_forwards` of a small greedy tree call: 12 new tokens, 6-node trees of depth 3."""
+    return _generate_forwards(target, draft, entered, max_new_tokens=12, tree_total_tokens=6, tree_depth=3)
 
 
 def test_tree_decoding_runs_every_forward_off_cudnn(tiny_target, tiny_draft, forwards_in_context, cudnn_sdp_restored):
@@ -129,19 +136,9 @@ def test_tree_and_draft_functions_enter_the_context_themselves(
 
 def test_chain_mode_runs_every_forward_off_cudnn(tiny_target, tiny_draft, forwards_in_context, cudnn_sdp_restored):
     torch.backends.cuda.enable_cudnn_sdp(True)
-    target_calls, head_calls = [], []
-    handles = [
-        _record_forwards(tiny_target, target_calls, forwards_in_context),
-        _record_forwards(tiny_draft, head_calls, forwards_in_context),
-    ]
-    try:
-        prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
-        tiny_target.generate(
-            prompt, assistant_model=tiny_draft, eagle3_mode="chain", do_sample=False, max_new_tokens=8
-        )
-    finally:
-        for handle in handles:
-            handle.remove()
+    target_calls, head_calls = _generate_forwards(
+        tiny_target, tiny_draft, forwards_in_context, eagle3_mode="chain", max_new_tokens=8
+    )
     # the assisted loop's target verifications as well as the chain drafter's head forwards
     assert target_calls and all(inside and not cudnn for _, inside, cudnn in target_calls), target_calls
     assert head_calls and all(inside and not cudnn for _, inside, cudnn in head_calls), head_calls
@@ -150,11 +147,5 @@ def test_chain_mode_runs_every_forward_off_cudnn(tiny_target, tiny_draft, forwar
 
 def test_plain_generate_keeps_the_default_backends(tiny_target, forwards_in_context, cudnn_sdp_restored):
     torch.backends.cuda.enable_cudnn_sdp(True)
-    target_calls = []
-    handle = _record_forwards(tiny_target, target_calls, forwards_in_context)
-    try:
-        prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(0))
-        tiny_target.generate(prompt, do_sample=False, max_new_tokens=4)
-    finally:
-        handle.remove()
+    target_calls, _ = _generate_forwards(tiny_target, None, forwards_in_context, max_new_tokens=4)
     assert target_calls and all(not inside and cudnn for _, inside, cudnn in target_calls), target_calls
