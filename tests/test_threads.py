@@ -35,7 +35,7 @@ def test_candidate_counts_are_the_callers_half_of_it_and_one():
 
 def test_one_thread_means_no_choice_and_no_probe():
     chooser = ThreadChooser((1,))
-    assert not chooser.adapts
+    assert chooser.counts == (1,)
     _, _, counts = simulate(chooser, {1: 0.03}, 500, {1: 1 / 0.03})
     assert set(counts) == {1} and chooser.switches == 0
 

@@ -85,10 +85,6 @@ class ThreadChooser:
         self.switches = 0
         self._probe: list[ThreadChoice] = []  # the rest of the probe under way
 
-    @property
-    def adapts(self) -> bool:
-        return len(self.counts) > 1
-
     def next_round(self, expected_rate: float = math.nan) -> ThreadChoice:
         """The count of the next round. `expected_rate` is the planner's tokens per second at the current count
         (`RoundPlanner.expected_rate`; `nan` when unknown: a plain step's rate is assumed)."""
