@@ -16,12 +16,17 @@ added as a single marker with `--point "LABEL=CONVERSATIONS:REPORT.json"`.
         --output model_cards/eagle3-SmolLM2-135M-Instruct/scaling/scaling.png -- --data data/regenerated/sharegpt-turn1.jsonl.gz --data_offset 800 \
         --data_limit 4 --heldout_limit 60 --max_length 512 --threads 2 --regenerated_dir runs/diagnose/answers
 
+A run may also be given by its reports alone, `--run "LABEL=DIR/name-{step}.json"` (a path with `{step}`): every
+file matching it is read as the report of that step's checkpoint, and nothing is scored (the committed reports
+in the card's `scaling/` folder redraw the plot without the checkpoints).
+
 Arguments after `--` go to `eagle3-hf diagnose` as they are. The table and the plot use the held-out side only: in
 one pass every conversation is new when the head meets it, so a small `--data_limit` saves the time.
 """
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +51,26 @@ def checkpoint_reports(run_dir: Path, steps: list[int] | None, diagnose_args: li
             subprocess.run([sys.executable, "-m", "eagle3_hf.cli", *command[1:]], check=True)
         reports[step] = json.loads(report.read_text(encoding="utf-8"))
     return reports
+
+
+def template_reports(template: str, steps: list[int] | None) -> dict[int, dict]:
+    """`{step: report}` read from the files matching `template`, a path with `{step}` in its file name (all of
+    them, or `steps`)."""
+    path = Path(template)
+    if "{step}" not in path.name:
+        raise SystemExit(f"{template}: a run given by its reports needs '{{step}}' in the file name.")
+    prefix, suffix = path.name.split("{step}", 1)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + "$")
+    found = {
+        int(match.group(1)): candidate
+        for candidate in path.parent.glob(prefix + "*" + suffix)
+        if (match := pattern.match(candidate.name))
+    }
+    wanted = sorted(found) if steps is None else steps
+    missing = [step for step in wanted if step not in found]
+    if missing or not wanted:
+        raise SystemExit(f"{template}: no report for steps {missing or 'any'} (found {sorted(found)}).")
+    return {step: json.loads(found[step].read_text(encoding="utf-8")) for step in wanted}
 
 
 def table(rows: list[tuple[str, int | None, dict]]) -> str:
@@ -118,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, diagnose_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", action="append", required=True, help="LABEL=RUN_DIR (a training output_dir)")
+    parser.add_argument(
+        "--run",
+        action="append",
+        required=True,
+        help="LABEL=RUN_DIR (a training output_dir) or LABEL=REPORTS (a path with {step})",
+    )
     parser.add_argument("--steps", type=int, nargs="+", help="checkpoint steps to score (default: all)")
     parser.add_argument("--conversations-per-step", type=int, required=True, help="the run's total batch size")
     parser.add_argument("--reference", action="append", default=[], help="LABEL=REPORT.json: a horizontal line")
@@ -133,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     runs, rows = {}, []
     for spec in args.run:
         label, _, run_dir = spec.partition("=")
-        runs[label] = checkpoint_reports(Path(run_dir), args.steps, diagnose_args)
+        if "{step}" in run_dir:
+            runs[label] = template_reports(run_dir, args.steps)
+        else:
+            runs[label] = checkpoint_reports(Path(run_dir), args.steps, diagnose_args)
         rows += [(label, step * args.conversations_per_step, report) for step, report in runs[label].items()]
     references = {}
     for spec in args.reference:

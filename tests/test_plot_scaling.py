@@ -1,0 +1,42 @@
+"""scripts/plot_scaling.py: a run given by its committed reports is read without scoring anything."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot_scaling.py"
+_spec = importlib.util.spec_from_file_location("plot_scaling", SCRIPT)
+plot_scaling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plot_scaling)
+
+
+def _report(top1: float) -> dict:
+    return {"splits": {"heldout": {"top1": [top1, top1 / 2, top1 / 3], "top8": [0.9], "acceptance_length": 1.5}}}
+
+
+def test_reports_named_by_step_are_read_in_step_order(tmp_path):
+    for step, top1 in ((150, 0.3), (75, 0.2), (1200, 0.5)):
+        (tmp_path / f"ttt3-checkpoint-{step}.json").write_text(json.dumps(_report(top1)))
+    (tmp_path / "ttt3-decayed-checkpoint-1207.json").write_text(json.dumps(_report(0.9)))  # another run's file
+    template = str(tmp_path / "ttt3-checkpoint-{step}.json")
+    reports = plot_scaling.template_reports(template, None)
+    assert list(reports) == [75, 150, 1200]
+    assert [report["splits"]["heldout"]["top1"][0] for report in reports.values()] == [0.2, 0.3, 0.5]
+    assert list(plot_scaling.template_reports(template, [150])) == [150]
+    with pytest.raises(SystemExit, match=r"no report for steps \[300\]"):
+        plot_scaling.template_reports(template, [300])
+
+
+def test_the_run_table_and_plot_come_from_reports_alone(tmp_path, capsys):
+    for step in (75, 150):
+        (tmp_path / f"run-{step}.json").write_text(json.dumps(_report(step / 500)))
+    output = tmp_path / "scaling.png"
+    plot_scaling.main(
+        ["--run", f"run={tmp_path}/run-{{step}}.json", "--conversations-per-step", "4", "--output", str(output)]
+    )
+    table = capsys.readouterr().out
+    assert "| run | 300 | 0.150 / 0.075 / 0.050 | 0.900 | 1.500 |" in table and "| run | 600 |" in table
+    assert output.stat().st_size > 0
