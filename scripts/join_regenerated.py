@@ -57,10 +57,13 @@ def main() -> None:
             records.append(record)
     kept, left_out = join_records(records)
     partial = args.output.with_name(f".{args.output.name}.partial")
-    with partial.open("w") as file:
-        for record in kept:
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(partial, args.output)
+    try:
+        with partial.open("w") as file:
+            for record in kept:
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(partial, args.output)
+    finally:
+        partial.unlink(missing_ok=True)  # only left when writing failed
     summary = f"{len(kept)} conversations from {len(records)} records ({left_out} repeated the start of another)"
     print(f"{args.output}: {summary}")
 
