@@ -36,15 +36,20 @@ def save_safetensors_atomically(
         partial.unlink(missing_ok=True)  # only left when something failed
 
 
-def write_json_atomically(path: str | os.PathLike, payload: dict) -> None:
-    """`payload` as indented, key-sorted JSON in `path`, renamed into place only once complete."""
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    """`text` (UTF-8) in `path`, renamed into place only once complete."""
     path = Path(path)
     partial = _partial_path(path)
     try:
-        partial.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        partial.write_text(text, encoding="utf-8")
         os.replace(partial, path)
     finally:
-        partial.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)  # only left when something failed
+
+
+def write_json_atomically(path: str | os.PathLike, payload: dict) -> None:
+    """`payload` as indented, key-sorted JSON in `path`, renamed into place only once complete."""
+    write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 @contextmanager
@@ -77,4 +82,4 @@ def atomic_directory(destination: Path, overwrite: bool) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)  # only left when something failed
 
 
-__all__ = ["atomic_directory", "save_safetensors_atomically", "write_json_atomically"]
+__all__ = ["atomic_directory", "save_safetensors_atomically", "write_json_atomically", "write_text_atomically"]

@@ -15,9 +15,9 @@ under a temporary name and renamed when complete, and a summary line says what w
 
 import argparse
 import json
-import os
 from pathlib import Path
 
+from eagle3_hf.atomic import write_text_atomically
 from eagle3_hf.training.records import iter_json_records
 
 
@@ -56,14 +56,7 @@ def main() -> None:
                 raise ValueError(f"{path}: record {line_number} has no 'index' and 'messages' (not a regenerate file)")
             records.append(record)
     kept, left_out = join_records(records)
-    partial = args.output.with_name(f".{args.output.name}.partial")
-    try:
-        with partial.open("w") as file:
-            for record in kept:
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(partial, args.output)
-    finally:
-        partial.unlink(missing_ok=True)  # only left when writing failed
+    write_text_atomically(args.output, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in kept))
     summary = f"{len(kept)} conversations from {len(records)} records ({left_out} repeated the start of another)"
     print(f"{args.output}: {summary}")
 

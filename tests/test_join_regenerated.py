@@ -58,7 +58,7 @@ def test_the_script_joins_gzip_and_plain_files(tmp_path):
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["index"] for line in output.read_text().splitlines()] == [5, 3]
     assert "2 conversations from 3 records (1 repeated" in result.stdout
-    assert not list(tmp_path.glob(".*partial"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["all.jsonl", "turn1.jsonl.gz", "turns3.jsonl"]
 
 
 def test_a_file_that_is_not_regenerated_data_is_refused_by_name(tmp_path):
