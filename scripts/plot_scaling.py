@@ -32,16 +32,23 @@ import sys
 from pathlib import Path
 
 
+def wanted_steps(found: dict[int, Path], steps: list[int] | None, what_is_missing: str) -> list[int]:
+    """`steps` (or every step in `found`, in order), refused with `what_is_missing` when `found` lacks any of them
+    or has none."""
+    wanted = sorted(found) if steps is None else steps
+    missing = [step for step in wanted if step not in found]
+    if missing or not wanted:
+        raise SystemExit(f"{what_is_missing} for steps {missing or 'any'} (found {sorted(found)}).")
+    return wanted
+
+
 def checkpoint_reports(run_dir: Path, steps: list[int] | None, diagnose_args: list[str]) -> dict[int, dict]:
     """`{step: diagnose report}` for the checkpoints `run_dir/checkpoint-<step>` (all of them, or `steps`), scoring
     those without a report in `run_dir/diagnose/` first."""
     found = {
         int(path.name.removeprefix("checkpoint-")): path for path in run_dir.glob("checkpoint-*") if path.is_dir()
     }
-    wanted = sorted(found) if steps is None else steps
-    missing = [step for step in wanted if step not in found]
-    if missing:
-        raise SystemExit(f"{run_dir}: no checkpoint for steps {missing} (found {sorted(found)}).")
+    wanted = wanted_steps(found, steps, f"{run_dir}: no checkpoint")
     reports = {}
     for step in wanted:
         report = run_dir / "diagnose" / f"checkpoint-{step}.json"
@@ -66,10 +73,7 @@ def template_reports(template: str, steps: list[int] | None) -> dict[int, dict]:
         for candidate in path.parent.glob(prefix + "*" + suffix)
         if (match := pattern.match(candidate.name))
     }
-    wanted = sorted(found) if steps is None else steps
-    missing = [step for step in wanted if step not in found]
-    if missing or not wanted:
-        raise SystemExit(f"{template}: no report for steps {missing or 'any'} (found {sorted(found)}).")
+    wanted = wanted_steps(found, steps, f"{template}: no report")
     return {step: json.loads(found[step].read_text(encoding="utf-8")) for step in wanted}
 
 

@@ -1,6 +1,8 @@
 """Shared fixtures: tiny targets built in code, offline."""
 
+import importlib.util
 import os
+from pathlib import Path
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,6 +18,17 @@ from eagle3_hf import Eagle3DraftModel  # noqa: E402
 
 # Tiny models are dominated by per-op overhead: one thread is faster, and much faster when the cores are shared.
 torch.set_num_threads(1)
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """The module `scripts/<name>.py` (scripts are files, not a package), imported without running its `main`."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 TINY_TARGET_KWARGS = dict(

@@ -1,18 +1,17 @@
 """scripts/join_regenerated.py: each regenerated text once, the longer conversation kept, the output complete."""
 
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from .conftest import load_script
+
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "join_regenerated.py"
-_spec = importlib.util.spec_from_file_location("join_regenerated", SCRIPT)
-join_regenerated = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(join_regenerated)
+join_regenerated = load_script("join_regenerated")
 
 
 def _turns(*texts: str) -> list[dict]:

@@ -1,16 +1,13 @@
 """scripts/plot_scaling.py: a run given by its committed reports is read without scoring anything."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from .conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot_scaling.py"
-_spec = importlib.util.spec_from_file_location("plot_scaling", SCRIPT)
-plot_scaling = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(plot_scaling)
+
+plot_scaling = load_script("plot_scaling")
 
 
 def _report(top1: float) -> dict:
@@ -28,6 +25,20 @@ def test_reports_named_by_step_are_read_in_step_order(tmp_path):
     assert list(plot_scaling.template_reports(template, [150])) == [150]
     with pytest.raises(SystemExit, match=r"no report for steps \[300\]"):
         plot_scaling.template_reports(template, [300])
+
+
+def test_checkpoint_reports_are_read_without_scoring_and_a_missing_checkpoint_is_named(tmp_path):
+    for step in (300, 600):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "diagnose").mkdir()
+    for step in (300, 600):
+        (tmp_path / "diagnose" / f"checkpoint-{step}.json").write_text(json.dumps(_report(step / 1000)))
+    reports = plot_scaling.checkpoint_reports(tmp_path, None, diagnose_args=[])
+    assert {step: report["splits"]["heldout"]["top1"][0] for step, report in reports.items()} == {300: 0.3, 600: 0.6}
+    with pytest.raises(SystemExit, match=r"no checkpoint for steps \[900\] \(found \[300, 600\]\)"):
+        plot_scaling.checkpoint_reports(tmp_path, [900], diagnose_args=[])
+    with pytest.raises(SystemExit, match="no checkpoint for steps any"):
+        plot_scaling.checkpoint_reports(tmp_path / "diagnose", None, diagnose_args=[])
 
 
 def test_the_run_table_and_plot_come_from_reports_alone(tmp_path, capsys):
