@@ -88,6 +88,26 @@ class TestScoreHead:
         # every chain runs to the end of its row (at most 3 steps): a mean well above the random head's
         assert right.acceptance_length > wrong.acceptance_length + 1.0
 
+    def test_sampled_acceptance_is_the_overlap_of_the_two_distributions(self, target):
+        samples = make_samples()
+        oracle = UnrollOracle.from_target(target, draft_vocab_size=128).eval()
+        oracle.reset(target, torch.tensor([[FIRST_TOKEN]]))
+        right = score_head(oracle, target, samples, ttt_steps=3, batch_size=1)
+        assert right.draft_vocab_mass == pytest.approx([1.0] * 3)  # the whole vocabulary
+        assert right.sampled_acceptance == pytest.approx([1.0] * 3, abs=1e-4)  # q = p: every draw accepted
+        small = score_head(random_head(target, 64), target, samples, ttt_steps=3, batch_size=2)
+        for step in range(3):
+            assert 0.0 < small.sampled_acceptance[step] < small.draft_vocab_mass[step] < 1.0
+        # step 0's bound, from the target's logits alone: the mean in-vocabulary mass of P[t + 1] over t with
+        # loss_mask[t + 2] = 1 (the answer positions of step 0)
+        draft = random_head(target, 64)
+        masses = []
+        for row in samples:
+            logits = target(torch.tensor([row["input_ids"]])).logits[0].float()
+            inside = torch.softmax(logits, dim=-1)[:, draft.t2d].sum(dim=-1)
+            masses += [float(inside[t + 1]) for t in range(len(row["input_ids"]) - 2) if row["loss_mask"][t + 2]]
+        assert small.draft_vocab_mass[0] == pytest.approx(sum(masses) / len(masses), abs=1e-5)
+
     def test_bad_arguments_are_named(self, target):
         draft, samples = random_head(target), make_samples()
         with pytest.raises(ValueError, match="ttt_steps=0"):
@@ -102,6 +122,7 @@ class TestScoreHead:
         assert lines[0] == "| step k | train top-1 | train top-4 | heldout top-1 | heldout top-4 |"
         assert lines[2].startswith("| 0 | ") and lines[3].startswith("| 1 | ")
         assert "1 node 0.50 ms, 4 nodes 0.75 ms" in table
+        assert "One sampled draft token accepted at temperature 1, steps 0 / 1 / 2: train " in table
 
 
 def test_draft_forward_ms_times_each_node_count(target):

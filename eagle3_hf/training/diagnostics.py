@@ -4,6 +4,9 @@
 alignment of `losses.step_targets`) and counts, for every training-time-test step `k`, how often the target's own
 greedy next token is the head's top-1, or among its top-k (the tree's width). Its top-1 is the trainer's
 `acc_step_k` and its `acceptance_length` the trainer's `acceptance_length`, pooled over all given conversations.
+For sampling it also reports, per step, the probability that one token drawn from the head is accepted by the
+target at temperature 1 (speculative sampling's `sum_x min(p(x), q(x))`, with `p` the target's distribution over its
+whole vocabulary) and the share of the target's probability that lies inside the draft vocabulary, the bound on it.
 `draft_forward_ms` times one draft forward over a few tree nodes. `eagle3-hf diagnose` runs both on conversations
 the head was trained on and on held-out ones.
 
@@ -34,7 +37,14 @@ from ..generation.tree import additive_mask
 from ..modeling_eagle3 import Eagle3DraftModel
 from .data import DataCollatorForEagle3, build_training_dataset
 from .features import online_target_outputs
-from .losses import chain_acceptance_lengths, soft_targets, step_correct, step_loss_mask, step_targets
+from .losses import (
+    chain_acceptance_lengths,
+    shift_left,
+    soft_targets,
+    step_correct,
+    step_loss_mask,
+    step_targets,
+)
 from .records import iter_records, read_sharegpt_heldout_records
 from .regenerate import make_generation_config, regenerate
 from .trainer import unroll_training_time_test
@@ -52,6 +62,12 @@ class HeadScores:
             over the step-0 positions (`losses.chain_acceptance_lengths`).
         positions (`list[int]`): the loss-masked positions counted at each step (fewer at later steps: a chain stops
             at the end of its assistant turn).
+        sampled_acceptance (`list[float]`): per step, the mean over the step's answer positions of
+            `sum_x min(p(x), q(x))`: `p` the target's softmax over its whole vocabulary at temperature 1, `q` the
+            head's over its draft vocabulary (zero elsewhere). It is the chance that one token sampled from the head
+            is accepted at temperature 1; at steps `k >= 1` the head reads the greedy text, as at every step here.
+        draft_vocab_mass (`list[float]`): per step, the mean of `p`'s mass inside the draft vocabulary (the most
+            `sampled_acceptance` can reach).
         conversations (`int`), tokens (`int`): samples scored and their tokens.
     """
 
@@ -60,12 +76,16 @@ class HeadScores:
     positions: list[int]
     conversations: int
     tokens: int
+    sampled_acceptance: list[float]
+    draft_vocab_mass: list[float]
 
     def to_dict(self) -> dict:
         accuracy = {f"top{k}": [round(value, 4) for value in values] for k, values in self.top_k_accuracy.items()}
         return {
             **accuracy,
             "acceptance_length": round(self.acceptance_length, 4),
+            "sampled_acceptance": [round(value, 4) for value in self.sampled_acceptance],
+            "draft_vocab_mass": [round(value, 4) for value in self.draft_vocab_mass],
             "positions": self.positions,
             "conversations": self.conversations,
             "tokens": self.tokens,
@@ -108,6 +128,7 @@ def score_head(
     collator, device = DataCollatorForEagle3(pad_token_id=pad_token_id), draft.fc.weight.device
     hits = torch.zeros(len(top_ks), ttt_steps, dtype=torch.float64)
     positions = torch.zeros(ttt_steps, dtype=torch.float64)
+    overlap, mass, answer_positions = (torch.zeros(ttt_steps, dtype=torch.float64) for _ in range(3))
     accepted, valid_positions = 0.0, 0.0
     was_training = draft.training
     draft.eval()
@@ -116,6 +137,7 @@ def score_head(
         input_ids, attention_mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
         outputs = online_target_outputs(target, input_ids, attention_mask, draft.config.target_layer_ids)
         probs, in_draft_vocab = soft_targets(outputs.logits, draft.t2d)  # shape: [B, T, V_d], [B, T]
+        vocab_mass = _draft_vocab_mass(outputs.logits, draft.t2d)  # shape: [B, T]
         correct = []
         steps = unroll_training_time_test(draft, draft.config, input_ids, attention_mask, outputs.features, ttt_steps)
         for step, step_outputs in enumerate(steps):
@@ -126,7 +148,14 @@ def score_head(
             for row, k in enumerate(top_ks):
                 hit = correct[-1] if k == 1 else found[..., k - 1] & position_mask
                 hits[row, step] += float(hit.sum())
-            positions[step] += float(step_loss_mask(loss_mask, step).sum())
+            answers = step_loss_mask(loss_mask, step)
+            positions[step] += float(answers.sum())
+            step_mass = shift_left(vocab_mass, 1 + step)
+            target_probs = step_probs * step_mass.unsqueeze(-1)  # the target's probabilities, not renormalised
+            draft_probs = torch.softmax(step_outputs.logits.float(), dim=-1)
+            overlap[step] += float((torch.minimum(target_probs, draft_probs).sum(dim=-1) * answers).sum())
+            mass[step] += float((step_mass * answers).sum())
+            answer_positions[step] += float(answers.sum())
         valid = step_loss_mask(loss_mask, 0)
         accepted += float((chain_acceptance_lengths(torch.stack(correct)) * valid).sum())
         valid_positions += float(valid.sum())
@@ -138,7 +167,15 @@ def score_head(
         positions=[int(count) for count in positions],
         conversations=len(rows),
         tokens=sum(_length(row) for row in rows),
+        sampled_acceptance=(overlap / answer_positions.clamp(min=1)).tolist(),
+        draft_vocab_mass=(mass / answer_positions.clamp(min=1)).tolist(),
     )
+
+
+def _draft_vocab_mass(target_logits: torch.Tensor, t2d: torch.BoolTensor) -> torch.Tensor:
+    """`sum_{x in draft vocabulary} softmax(target_logits)[x]`, shape `(batch, seq)`, in fp32."""
+    logits = target_logits.float()
+    return torch.exp(logits[..., t2d.to(logits.device)].logsumexp(dim=-1) - logits.logsumexp(dim=-1))
 
 
 def _length(sample: dict) -> int:
@@ -300,6 +337,12 @@ def markdown_report(splits: dict[str, HeadScores], forward_ms: dict[int, float] 
         for name, scores in splits.items()
     )
     lines += ["", f"Simulated greedy-chain acceptance length ({steps} steps): {lengths} ({sizes})."]
+    sampled = "; ".join(
+        f"{name} {' / '.join(f'{value:.3f}' for value in scores.sampled_acceptance[:3])} (inside the draft "
+        f"vocabulary: {scores.draft_vocab_mass[0]:.3f})"
+        for name, scores in splits.items()
+    )
+    lines.append(f"One sampled draft token accepted at temperature 1, steps 0 / 1 / 2: {sampled}.")
     if forward_ms:
         costs = ", ".join(f"{n} node{'s' if n > 1 else ''} {ms:.2f} ms" for n, ms in forward_ms.items())
         lines.append(f"Draft forward: {costs} (median).")
