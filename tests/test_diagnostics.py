@@ -95,12 +95,12 @@ class TestScoreHead:
         right = score_head(oracle, target, samples, ttt_steps=3, batch_size=1)
         assert right.draft_vocab_mass == pytest.approx([1.0] * 3)  # the whole vocabulary
         assert right.sampled_acceptance == pytest.approx([1.0] * 3, abs=1e-4)  # q = p: every draw accepted
-        small = score_head(random_head(target, 64), target, samples, ttt_steps=3, batch_size=2)
+        draft = random_head(target, 64)
+        small = score_head(draft, target, samples, ttt_steps=3, batch_size=2)
         for step in range(3):
             assert 0.0 < small.sampled_acceptance[step] < small.draft_vocab_mass[step] < 1.0
         # step 0's bound, from the target's logits alone: the mean in-vocabulary mass of P[t + 1] over t with
         # loss_mask[t + 2] = 1 (the answer positions of step 0)
-        draft = random_head(target, 64)
         masses = []
         for row in samples:
             logits = target(torch.tensor([row["input_ids"]])).logits[0].float()

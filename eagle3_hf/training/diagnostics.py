@@ -128,7 +128,7 @@ def score_head(
     collator, device = DataCollatorForEagle3(pad_token_id=pad_token_id), draft.fc.weight.device
     hits = torch.zeros(len(top_ks), ttt_steps, dtype=torch.float64)
     positions = torch.zeros(ttt_steps, dtype=torch.float64)
-    overlap, mass, answer_positions = (torch.zeros(ttt_steps, dtype=torch.float64) for _ in range(3))
+    overlap, mass = torch.zeros(ttt_steps, dtype=torch.float64), torch.zeros(ttt_steps, dtype=torch.float64)
     accepted, valid_positions = 0.0, 0.0
     was_training = draft.training
     draft.eval()
@@ -155,7 +155,6 @@ def score_head(
             draft_probs = torch.softmax(step_outputs.logits.float(), dim=-1)
             overlap[step] += float((torch.minimum(target_probs, draft_probs).sum(dim=-1) * answers).sum())
             mass[step] += float((step_mass * answers).sum())
-            answer_positions[step] += float(answers.sum())
         valid = step_loss_mask(loss_mask, 0)
         accepted += float((chain_acceptance_lengths(torch.stack(correct)) * valid).sum())
         valid_positions += float(valid.sum())
@@ -167,8 +166,8 @@ def score_head(
         positions=[int(count) for count in positions],
         conversations=len(rows),
         tokens=sum(_length(row) for row in rows),
-        sampled_acceptance=(overlap / answer_positions.clamp(min=1)).tolist(),
-        draft_vocab_mass=(mass / answer_positions.clamp(min=1)).tolist(),
+        sampled_acceptance=(overlap / positions.clamp(min=1)).tolist(),
+        draft_vocab_mass=(mass / positions.clamp(min=1)).tolist(),
     )
 
 
