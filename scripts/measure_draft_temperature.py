@@ -1,9 +1,9 @@
 """Root acceptance of a sampled tree when the head's draws are sharpened or flattened (a study, not a setting).
 
 Sampled verification stays exact for any draft distribution `q`; only how often it accepts changes. This script
-samples answers from SmolLM2-135M-Instruct with the shipped head (temperature 1, sampled trees, no lookup),
-records at every round's root the target's distribution `p` and the head's `q = softmax(logits / T)`, and then
-replays the root with `q_m = softmax(logits / (T * m))` for several multipliers `m`:
+samples answers from SmolLM2-135M-Instruct with a head (`--head`, default: the shipped one; temperature 1, sampled
+trees, no lookup), records at every round's root the target's distribution `p` and the head's
+`q = softmax(logits / T)`, and then replays the root with `q_m = softmax(logits / (T * m))` for several multipliers `m`:
 
 - one drawn child accepts with probability `sum_x min(p(x), q_m(x))` (computed exactly);
 - four children drawn without replacement are verified by `tree.sample_accept` (recursive rejection sampling),
@@ -83,10 +83,11 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=120, help="positions replayed by Monte Carlo")
     parser.add_argument("--trials", type=int, default=60, help="Monte Carlo trials per position")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--head", default=None, help="head folder or Hub id (default: the shipped head)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target, tokenizer, draft = load_default_pair()
+    target, tokenizer, draft = load_default_pair(args.head)
     prompts = load_prompts(args.datasets, args.limit, offset=args.offset)
     p, q = root_distributions(target, tokenizer, draft, prompts, args.max_new_tokens)
     print(f"{p.shape[0]} root positions")

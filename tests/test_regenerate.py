@@ -191,6 +191,25 @@ class TestRegenerate:
         assert regenerate(half, tokenizer, SOURCE, path, config, limit=3, progress=False).written == 1
         assert [record.get("dtype") for record in read_jsonl(path)] == [None, "bfloat16"]
 
+    def test_resume_with_other_decoding_refuses_to_mix(self, target, tmp_path):
+        model, tokenizer = target
+        path = tmp_path / "out.jsonl"
+        greedy = make_generation_config(model, tokenizer, max_new_tokens=2)
+        regenerate(model, tokenizer, SOURCE, path, greedy, limit=1, progress=False)
+        assert [record["decoding"] for record in read_jsonl(path)] == [{"do_sample": False}]
+        written = path.read_text()
+        sampled = make_generation_config(model, tokenizer, max_new_tokens=2, do_sample=True, temperature=0.7)
+        with pytest.raises(ValueError, match=r"out.jsonl .*'decoding': \{'do_sample': False\} there, .*0\.7"):
+            regenerate(model, tokenizer, SOURCE, path, sampled, progress=False)
+        assert path.read_text() == written
+        # records of older versions carry no decoding: not checked, and the new ones say theirs
+        path.write_text(
+            "".join(line.replace(', "decoding": {"do_sample": false}', "") + "\n" for line in written.splitlines())
+        )
+        assert regenerate(model, tokenizer, SOURCE, path, sampled, limit=3, progress=False).written == 1
+        expected = {"do_sample": True, "temperature": 0.7, "top_p": 1.0, "top_k": 0}  # 0: no top-k cut (not 50)
+        assert [record.get("decoding") for record in read_jsonl(path)] == [None, expected]
+
     def test_offset_limit_keep_source_indices(self, target, tmp_path):
         model, tokenizer = target
         config = make_generation_config(model, tokenizer, max_new_tokens=2)

@@ -45,7 +45,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--do-sample", action="store_true", help="Sample instead of greedy decoding.")
     parser.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature (with --do-sample).")
     parser.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling (with --do-sample).")
-    parser.add_argument("--top-k", type=int, default=None, help="Top-k sampling (with --do-sample).")
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        help="Top-k sampling (with --do-sample; 0, the default: off, as at T=1 in bench).",
+    )
     add_batched_generation_arguments(parser)
     return parser
 

@@ -3,7 +3,8 @@
 EAGLE-3 is trained on the target's own answers (the paper regenerates ShareGPT/UltraChat responses), so the draft
 learns the distribution it will have to predict. Multi-turn conversations keep their user turns and feed the
 target's previous answers back. Output is JSONL, one conversation per line, flushed per line, so an interrupted
-run resumes where it stopped (`completed_indices`); a resumed run must use the same model and data.
+run resumes where it stopped (`completed_indices`); a resumed run must use the same model, dtype, decoding and
+data.
 """
 
 import copy
@@ -67,7 +68,7 @@ class _Conversation:
         self.finish_reasons.append(finish_reason)
         self.done = len(self.finish_reasons) == len(self.user_turns)
 
-    def to_record(self, model_name: str, dtype: str) -> dict[str, Any]:
+    def to_record(self, model_name: str, dtype: str, decoding: dict[str, Any]) -> dict[str, Any]:
         return {
             "index": self.index,
             "id": self.id,
@@ -75,6 +76,7 @@ class _Conversation:
             "finish_reasons": self.finish_reasons,
             "model": model_name,
             "dtype": dtype,
+            "decoding": decoding,
         }
 
 
@@ -89,13 +91,14 @@ def completed_indices(path: str | os.PathLike) -> set[int]:
 
 
 def _completed_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
-    """`completed_indices`, each with the record's `model`, `dtype` and first user turn (what a resumed run must
-    match; `None` for a field that records written by older versions lack)."""
+    """`completed_indices`, each with the record's `model`, `dtype`, `decoding` and first user turn (what a resumed
+    run must match; `None` for a field that records written by older versions lack)."""
     records = read_appended_records(path, "regeneration record")
     return {
         int(record["index"]): {
             "model": record.get("model"),
             "dtype": record.get("dtype"),
+            "decoding": record.get("decoding"),
             "user": first_user_turn(record),
         }
         for record in records
@@ -105,6 +108,20 @@ def _completed_records(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
 def model_dtype(model) -> str:
     """The name of the dtype `model` computes in (`"float32"`, `"bfloat16"`, ...), as regeneration records it."""
     return str(model.dtype).removeprefix("torch.")
+
+
+def decoding_settings(generation_config: GenerationConfig) -> dict[str, Any]:
+    """How the answers are decoded, as regeneration records it: `{"do_sample": False}` (greedy) or the sampling
+    settings that shape the distribution (`temperature`, `top_p`, `top_k`; `top_k` 0: off, `None`: `generate`'s
+    default of 50)."""
+    if not generation_config.do_sample:
+        return {"do_sample": False}
+    return {
+        "do_sample": True,
+        "temperature": generation_config.temperature,
+        "top_p": generation_config.top_p,
+        "top_k": generation_config.top_k,
+    }
 
 
 def _mixed_output_error(path: str | os.PathLike, field: str, written: Any, current: Any) -> ValueError:
@@ -199,10 +216,13 @@ def make_generation_config(
     do_sample: bool = False,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    top_k: int | None = None,
+    top_k: int = 0,
     cache_implementation: str | None = None,
 ) -> GenerationConfig:
     """Greedy (default) or sampled decoding that stops at any of the model's or tokenizer's EOS ids.
+
+    Sampling draws from the whole distribution unless `top_k` / `top_p` cut it: `top_k=0` is passed as such, since
+    `generate` fills an unset `top_k` with its global default of 50.
 
     `cache_implementation` goes to `GenerationConfig` (`None`: the dynamic cache; `"static"` preallocates the KV
     cache per `generate` call, which on CPU avoids re-concatenating every layer's cache at every step).
@@ -241,12 +261,14 @@ def regenerate(
         model, tokenizer: the target and its tokenizer (which needs a chat template).
         source: anything `eagle3_hf.training.records.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
             Assistant turns in it are discarded; user turns (and a leading system message) are kept.
-        output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model", "dtype"}`,
-            where `index` is the record's position in the source and `dtype` the one the model computed in (its
-            answers differ with it: a bfloat16 SmolLM2 answers differently from float32 after a third of the
-            answer on average). Conversations already in the file are skipped (resume); `ValueError` if the file was
-            written by another model (`model.name_or_path`) or in another dtype, or holds another first user turn at
-            an index of this run (other data). Records of older versions carry no `dtype` and are not checked for it.
+        output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model", "dtype",
+            "decoding"}`, where `index` is the record's position in the source, `dtype` the one the model computed
+            in (its answers differ with it: a bfloat16 SmolLM2 answers differently from float32 after a third of
+            the answer on average) and `decoding` greedy or the sampling settings (`decoding_settings`).
+            Conversations already in the file are skipped (resume); `ValueError` if the file was written by another
+            model (`model.name_or_path`), in another dtype or with other decoding settings, or holds another first
+            user turn at an index of this run (other data). Records of older versions carry no `dtype` or
+            `decoding` and are not checked for them.
         generation_config: from `make_generation_config` (greedy, 512 new tokens by default).
         offset, limit: the slice of the source to regenerate (keep a held-out slice out of training this way).
         batch_size: conversations answered per `generate` call (left padding); finished ones are replaced at once.
@@ -276,6 +298,9 @@ def regenerate(
     dtype = model_dtype(model)
     if other_dtypes := sorted({r["dtype"] for r in done.values()} - {None, dtype}):
         raise _mixed_output_error(output_path, "'dtype'", other_dtypes[0], dtype)
+    decoding = decoding_settings(generation_config)
+    if other := next((r["decoding"] for r in done.values() if r["decoding"] not in (None, decoding)), None):
+        raise _mixed_output_error(output_path, "'decoding'", other, decoding)
     stats = RegenerationStats()
     conversations = []
     for index, record in iter_records(source, offset, limit):
@@ -303,7 +328,8 @@ def regenerate(
             for conversation in (c for c in active if c.done):
                 if conversation.finish_reasons:
                     output.write(
-                        json.dumps(conversation.to_record(model.name_or_path, dtype), ensure_ascii=False) + "\n"
+                        json.dumps(conversation.to_record(model.name_or_path, dtype, decoding), ensure_ascii=False)
+                        + "\n"
                     )
                     output.flush()
                     stats.written += 1
