@@ -14,15 +14,22 @@ from eagle3_hf.training.records import iter_records, normalize_messages
 
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "regenerated"
-# each file: the dtypes its records say the target computed in (`None`: written before the dtype was recorded), and
-# the most user turns a record holds (the first-turn files hold each ShareGPT record at most once between them; the
-# later-turn file answers again, in its own context, the first turns of records that have more)
+GREEDY = None  # the greedy files were written before records said how they were decoded
+SAMPLED = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 50}
+# each file: the dtypes its records say the target computed in (`None`: written before the dtype was recorded), the
+# most user turns a record holds, the decoding its records say, and the fewest records it holds (the greedy
+# first-turn files hold each ShareGPT record at most once between them; the later-turn file answers again, in its
+# own context, the first turns of records that have more; the sampled file answers again, in every turn that fits,
+# records of the greedy files)
 FILES = {
-    "sharegpt-turn1.jsonl.gz": ({None, "float32"}, 1),
-    "sharegpt-turn1-bf16.jsonl.gz": ({"bfloat16"}, 1),
-    "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3),
+    "sharegpt-turn1.jsonl.gz": ({None, "float32"}, 1, GREEDY, 2000),
+    "sharegpt-turn1-bf16.jsonl.gz": ({"bfloat16"}, 1, GREEDY, 2000),
+    "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3, GREEDY, 2000),
+    "sharegpt-sampled-bf16.jsonl.gz": ({"bfloat16"}, 6, SAMPLED, 900),
 }
-FIRST_TURN_FILES = [name for name, (_, max_turns) in FILES.items() if max_turns == 1]
+FIRST_TURN_FILES = [
+    name for name, (_, max_turns, decoding, _) in FILES.items() if max_turns == 1 and decoding is GREEDY
+]
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -60,8 +67,9 @@ def test_the_first_turn_files_hold_no_record_twice():
 
 
 def test_records_are_complete_conversations_of_the_training_slice(data_file, records):
-    dtypes, max_turns = FILES[data_file]
-    assert len(records) > 2000
+    dtypes, max_turns, decoding, fewest = FILES[data_file]
+    assert len(records) >= fewest
+    assert all(record.get("decoding") == decoding for record in records)
     indices = [record["index"] for record in records]
     assert len(set(indices)) == len(indices)
     assert max(indices) < SHAREGPT_HELDOUT_START  # the benchmark's held-out slice is never regenerated
