@@ -25,7 +25,7 @@ FILES = {
     "sharegpt-turn1.jsonl.gz": ({None, "float32"}, 1, GREEDY, 2000),
     "sharegpt-turn1-bf16.jsonl.gz": ({"bfloat16"}, 1, GREEDY, 2000),
     "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3, GREEDY, 2000),
-    "sharegpt-sampled-bf16.jsonl.gz": ({"bfloat16"}, 6, SAMPLED, 900),
+    "sharegpt-sampled-bf16.jsonl.gz": ({"bfloat16"}, 7, SAMPLED, 1500),
 }
 FIRST_TURN_FILES = [
     name for name, (_, max_turns, decoding, _) in FILES.items() if max_turns == 1 and decoding is GREEDY
