@@ -17,7 +17,7 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "regenerated"
 GREEDY = None  # the greedy files were written before records said how they were decoded
 SAMPLED = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 50}
 # each file: the dtypes its records say the target computed in (`None`: written before the dtype was recorded), the
-# most user turns a record holds, the decoding its records say, and the fewest records it holds (the greedy
+# most user turns a record holds, the decoding its records say, and a count it holds more records than (the greedy
 # first-turn files hold each ShareGPT record at most once between them; the later-turn file answers again, in its
 # own context, the first turns of records that have more; the sampled file answers again, in every turn that fits,
 # records of the greedy files)
@@ -67,8 +67,8 @@ def test_the_first_turn_files_hold_no_record_twice():
 
 
 def test_records_are_complete_conversations_of_the_training_slice(data_file, records):
-    dtypes, max_turns, decoding, fewest = FILES[data_file]
-    assert len(records) >= fewest
+    dtypes, max_turns, decoding, more_than = FILES[data_file]
+    assert len(records) > more_than
     assert all(record.get("decoding") == decoding for record in records)
     indices = [record["index"] for record in records]
     assert len(set(indices)) == len(indices)
