@@ -94,6 +94,19 @@ def table(rows: list[tuple[str, int | None, dict]]) -> str:
     return "\n".join(lines)
 
 
+def tick_positions(
+    runs: dict[str, dict[int, dict]], per_step: int, points: dict[str, tuple[int, dict]], min_ratio: float = 1.1
+) -> list[int]:
+    """The x ticks: the conversation counts the runs' checkpoints and the markers stand at, in order, leaving out
+    any within `min_ratio` of the tick before it (on the log scale 4,828 would print over 4,800)."""
+    seen = {step * per_step for reports in runs.values() for step in reports}
+    ticks = []
+    for count in sorted(seen | {conversations for conversations, _ in points.values()}):
+        if not ticks or count >= ticks[-1] * min_ratio:
+            ticks.append(count)
+    return ticks
+
+
 def plot(
     runs: dict[str, dict[int, dict]],
     per_step: int,
@@ -106,7 +119,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (accuracy_axes, acceptance_axes) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (accuracy_axes, acceptance_axes) = plt.subplots(1, 2, figsize=(11, 7))
     styles = ["-", "--", ":", "-."]
     colors = ["tab:blue", "tab:orange", "tab:green"]
     for style, (label, reports) in zip(styles, runs.items()):
@@ -126,20 +139,22 @@ def plot(
             accuracy_axes.plot([conversations], [value], marker, color=color, ms=9, label=f"{name}, step {k}")
         acceptance = report["splits"]["heldout"]["acceptance_length"]
         acceptance_axes.plot([conversations], [acceptance], marker, color="black", ms=9, label=name)
-    seen = sorted({step * per_step for reports in runs.values() for step in reports})
+    seen = tick_positions(runs, per_step, points or {})
     for axes, ylabel in ((accuracy_axes, "held-out top-1 accuracy"), (acceptance_axes, "held-out acceptance length")):
         axes.set_xscale("log", base=2)
-        axes.set_xticks(seen, [f"{count:,}" for count in seen])
+        # slanted, so that neighbours on the log scale (9,600 and 13,200) do not overwrite each other
+        axes.set_xticks(seen, [f"{count:,}" for count in seen], rotation=35, ha="right")
         axes.minorticks_off()
         axes.set_xlabel("training conversations seen (one pass)")
         axes.set_ylabel(ylabel)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7)
+        # below the axes: inside, a dozen entries hid the lines they name
+        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     accuracy_axes.set_title("Draft top-1 vs the target's greedy token")
     acceptance_axes.set_title("Simulated greedy-chain acceptance (7 steps)")
     figure.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=110)
+    figure.savefig(output, dpi=110, bbox_inches="tight")
     print(f"Plot written to {output}")
 
 

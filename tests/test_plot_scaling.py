@@ -51,3 +51,10 @@ def test_the_run_table_and_plot_come_from_reports_alone(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| run | 300 | 0.150 / 0.075 / 0.050 | 0.900 | 1.500 |" in table and "| run | 600 |" in table
     assert output.stat().st_size > 0
+
+
+def test_the_ticks_stand_at_every_checkpoint_and_marker_once_and_apart():
+    runs = {"a": {75: {}, 150: {}}, "b": {150: {}, 300: {}, 1200: {}}}
+    points = {"decayed end": (1207 * 4, {}), "again": (600, {}), "later": (22024, {})}
+    # 4,828 would print over 4,800: the earlier tick stays
+    assert plot_scaling.tick_positions(runs, 4, points) == [300, 600, 1200, 4800, 22024]
