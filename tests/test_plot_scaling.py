@@ -55,6 +55,7 @@ def test_the_run_table_and_plot_come_from_reports_alone(tmp_path, capsys):
 
 def test_the_ticks_stand_at_every_checkpoint_and_marker_once_and_apart():
     runs = {"a": {75: {}, 150: {}}, "b": {150: {}, 300: {}, 1200: {}}}
-    points = {"decayed end": (1207 * 4, {}), "again": (600, {}), "later": (22024, {})}
-    # 4,828 would print over 4,800: the earlier tick stays
+    points = {"decayed end": (1207 * 4, {}), "again": (600, {}), "later": (22024, {}), "last": (26357, {})}
+    # 4,828 would print over 4,800, 26,357 over 22,024: the earlier tick stays
     assert plot_scaling.tick_positions(runs, 4, points) == [300, 600, 1200, 4800, 22024]
+    assert plot_scaling.tick_positions({"c": {2400: {}, 3300: {}}}, 4, {}) == [9600, 13200]
