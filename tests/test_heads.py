@@ -90,7 +90,9 @@ def test_train_command_declares_the_size_and_layer_options():
         make_parser().parse_args_into_dataclasses(args=["--output_dir=x", "--init_layers_from_target=random"])
 
 
-def test_fc_norm_gives_a_fresh_head_one_input_norm_per_tap_and_a_continued_head_keeps_its_inputs(target, tmp_path):
+def test_fc_norm_gives_a_fresh_head_one_input_norm_per_tap_and_a_continued_head_keeps_its_inputs(
+    target, tmp_path, monkeypatch
+):
     draft = build_draft_head(target, draft_vocab_size=64, fc_norm=True)
     assert draft.config.fc_norm and len(draft.fc_norm) == len(draft.config.target_layer_ids)
     scaled = FEATURES.clone()
@@ -103,6 +105,10 @@ def test_fc_norm_gives_a_fresh_head_one_input_norm_per_tap_and_a_continued_head_
     Eagle3DraftModel.from_target(target, draft_vocab_size=64).save_pretrained(tmp_path / "plain")
     with pytest.raises(ValueError, match="fc_norm=True but the head to continue .* has no fc_norm"):
         build_draft_head(target, pretrained=str(tmp_path / "plain"), fc_norm=True)
+    with monkeypatch.context() as patched:  # refused before the head is grown, not after
+        patched.setattr("eagle3_hf.training.heads.grow_draft_head", lambda *args: pytest.fail("grown first"))
+        with pytest.raises(ValueError, match="has no fc_norm"):
+            build_draft_head(target, pretrained=str(tmp_path / "plain"), fc_norm=True, num_hidden_layers=2)
     draft.save_pretrained(tmp_path / "normed")
     assert build_draft_head(target, pretrained=str(tmp_path / "normed"), fc_norm=True).config.fc_norm
     from eagle3_hf.commands.train import make_parser

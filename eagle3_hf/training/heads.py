@@ -74,13 +74,8 @@ def build_draft_head(
         check_draft_vocab(draft_vocab, text_config.vocab_size)
     if pretrained is not None:
         draft = _continued_head(
-            target, draft_vocab, pretrained, num_hidden_layers, intermediate_size, init_layers_from_target
+            target, draft_vocab, pretrained, num_hidden_layers, intermediate_size, fc_norm, init_layers_from_target
         )
-        if fc_norm and not draft.config.fc_norm:
-            raise ValueError(
-                f"fc_norm=True but the head to continue ({pretrained}) has no fc_norm; input norms are chosen when a "
-                "head is created (its fc was trained on the unnormalised features). Leave the option unset."
-            )
     else:
         size = draft_vocab.d2t.shape[0] if draft_vocab is not None else min(draft_vocab_size, text_config.vocab_size)
         overrides = {"target_layer_ids": list(target_layer_ids)} if target_layer_ids is not None else {}
@@ -106,9 +101,20 @@ def build_draft_head(
     return draft.float()
 
 
-def _continued_head(target, draft_vocab, pretrained, num_hidden_layers, intermediate_size, init) -> Eagle3DraftModel:
-    """The trained head `pretrained`, switched to `draft_vocab` and grown to `num_hidden_layers` if given."""
+def _continued_head(
+    target, draft_vocab, pretrained, num_hidden_layers, intermediate_size, fc_norm, init
+) -> Eagle3DraftModel:
+    """The trained head `pretrained`, switched to `draft_vocab` and grown to `num_hidden_layers` if given.
+
+    Options a continued head cannot take are refused as soon as its config is known, before any vocabulary switch
+    or growth.
+    """
     draft = Eagle3DraftModel.from_pretrained(pretrained, target=target)
+    if fc_norm and not draft.config.fc_norm:
+        raise ValueError(
+            f"fc_norm=True but the head to continue ({pretrained}) has no fc_norm; input norms are chosen when a "
+            "head is created (its fc was trained on the unnormalised features). Leave the option unset."
+        )
     if intermediate_size is not None and intermediate_size != draft.config.intermediate_size:
         raise ValueError(
             f"intermediate_size={intermediate_size} but the head to continue ({pretrained}) has intermediate_size="
