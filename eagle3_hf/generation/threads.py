@@ -24,6 +24,13 @@ then with a few plain steps, the planner not told, so that a load that comes or 
   current count's estimate also follows the plain steps the planner chooses. When the rounds run with another count
   than the planner's costs were timed with, the decoder makes it forget them (`RoundPlanner.forget_costs`), keeping
   what it learned of acceptance.
+- **A disturbance does not stick.** A probe's estimates leave out each count's slowest step (`RecentSeconds`, three
+  steps), and a switch to fewer threads waits for a second probe of the same two counts, run at once, that agrees;
+  going back up needs no confirmation. Measured on a 2-core Intel Xeon (session 26, fp32 SmolLM2-135M, 120 cached
+  tokens, quiet): a plain step took 51 ms on 2 threads and 77 ms on 1, an 8-row forward 91 and 157 ms, so a round
+  on the wrong count costs a tree far more than a probe. In session 25's benchmark one probe taken during a slow
+  spell, two steps each, timed 2 threads so slow that the rounds stayed on 1 thread for some 200 rounds (about
+  30 s) with no probe back: the stale estimate also priced the probe back as too costly to run soon.
 
 Changing the count is process-wide (`torch.set_num_threads`): the decoder restores the caller's count when the
 call ends, and `generate(..., tree_adapt_threads=False)` keeps it fixed throughout. Pure Python: tested with
@@ -54,7 +61,8 @@ class ThreadChooser:
 
     Args:
         counts (`tuple[int]`): the counts to choose from; the largest is the caller's, where the rounds start.
-        probe_steps (`int`): plain steps per count in a probe; both counts' estimates restart from them.
+        probe_steps (`int`): plain steps per count in a probe; both counts' estimates restart from them (from three
+            on, each leaves its slowest step out).
         probe_budget (`float`): the share of the time probes may lose.
         min_loss_share (`float`): the least loss a probe is charged, as a share of its own seconds.
         first_probe_rounds (`int`): rounds at the current count before a count never timed is probed.
@@ -66,7 +74,7 @@ class ThreadChooser:
     def __init__(
         self,
         counts: tuple[int, ...],
-        probe_steps: int = 2,
+        probe_steps: int = 3,
         probe_budget: float = 0.01,
         min_loss_share: float = 0.1,
         first_probe_rounds: int = 4,
@@ -84,6 +92,7 @@ class ThreadChooser:
         self.rounds_here = 0  # rounds at the current count since it became current
         self.switches = 0
         self._probe: list[ThreadChoice] = []  # the rest of the probe under way
+        self._confirming: int | None = None  # the smaller count a confirming probe is under way for
 
     def next_round(self, expected_rate: float = math.nan) -> ThreadChoice:
         """The count of the next round. `expected_rate` is the planner's tokens per second at the current count
@@ -91,12 +100,20 @@ class ThreadChooser:
         if self._probe:
             return self._probe.pop(0)
         preferred = self._preferred()
+        if preferred < self.current and self._confirming != preferred:
+            self._confirming = preferred  # fewer threads only once a second probe, now, agrees
+            return self._start_probe(preferred)
+        self._confirming = None
         if preferred != self.current:
             self.current, self.rounds_here = preferred, 0
             self.switches += 1
         probed = self._due_probe(expected_rate)
         if probed is None:
             return ThreadChoice(self.current, False)
+        return self._start_probe(probed)
+
+    def _start_probe(self, probed: int) -> ThreadChoice:
+        """Restart the current count's and `probed`'s estimates and return the first of the probe's plain steps."""
         for count in (self.current, probed):
             self.steps[count] = RecentSeconds(self.window)
         self._probe = [ThreadChoice(count, True) for count in (self.current, probed) for _ in range(self.probe_steps)]
