@@ -323,7 +323,9 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     # `--multi_gpu` selects the torchrun launcher; without a GPU (use_cpu=True) Accelerate runs DDP over gloo.
     # (`--cpu` would select the single-process launcher.)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
+    # port 0: a free one (a training job on Accelerate's default 29500 made the test's rank 1 abort, session 26)
+    command += ["--main_process_port", "0", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += [str(script), str(tmp_path)]
     result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
