@@ -27,6 +27,8 @@ FILES = {
     "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3, GREEDY, 2000),
     "sharegpt-sampled-bf16.jsonl.gz": ({"bfloat16"}, 7, SAMPLED, 1500),
 }
+# Magpie data (session 26): answers file -> (the prompts file `eagle3-hf magpie` wrote, a count it holds more than)
+MAGPIE_FILES = {"magpie-bf16.jsonl.gz": ("magpie-prompts-bf16.jsonl.gz", 1000)}
 FIRST_TURN_FILES = [
     name for name, (_, max_turns, decoding, _) in FILES.items() if max_turns == 1 and decoding is GREEDY
 ]
@@ -92,15 +94,48 @@ def test_every_prompt_is_its_sharegpt_records_user_turn(records):
     assert not mismatched
 
 
-def test_no_benchmark_prompt_is_in_the_training_data(records):
-    """No user turn of a record is one of MT-bench's (both turns), HumanEval's or the held-out ShareGPT prompts the
-    benchmark draws from (its first 400), by the exclusion check's first rule (equal words). Its second rule, a shared
-    13-word run, flags two records here (814 and 1089) that share a prompt tool's 'Ignore all previous instructions'
-    boilerplate with held-out prompt OsDgu05_0: boilerplate, not a leak, so this test checks equality only."""
+@functools.cache
+def evaluation_prompts() -> frozenset[str]:
+    """MT-bench's prompts (both turns), HumanEval's and the held-out ShareGPT prompts the benchmark draws from (its
+    first 400), normalised."""
     evaluation = {normalized(turn) for prompt in load_mt_bench(num_turns=2) for turn in prompt.turns}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_human_eval()}
     evaluation |= {normalized(prompt.turns[0]) for prompt in load_sharegpt_heldout(400)}
-    overlap = [
+    return frozenset(evaluation)
+
+
+def benchmark_overlap(records) -> list[int]:
+    """The indices of records with a user turn equal to an evaluation prompt (the exclusion check's first rule)."""
+    evaluation = evaluation_prompts()
+    return [
         record["index"] for record in records if any(normalized(turn) in evaluation for turn in user_turns(record))
     ]
+
+
+def test_no_benchmark_prompt_is_in_the_training_data(records):
+    """No user turn of a record is a benchmark prompt, by the exclusion check's first rule (equal words). Its second
+    rule, a shared 13-word run, flags two records here (814 and 1089) that share a prompt tool's 'Ignore all previous
+    instructions' boilerplate with held-out prompt OsDgu05_0: boilerplate, not a leak, so this test checks equality
+    only."""
+    overlap = benchmark_overlap(records)
     assert not overlap, f"training records {overlap[:10]} repeat a benchmark prompt"
+
+
+@pytest.mark.parametrize("answers_file", sorted(MAGPIE_FILES))
+def test_magpie_answers_answer_the_prompts_the_target_wrote(answers_file):
+    """Each record answers, greedily in bfloat16, the prompt of the same index in the file `eagle3-hf magpie` wrote
+    (which filtered out the evaluation prompts; checked again here), once, with a non-empty answer."""
+    prompts_file, more_than = MAGPIE_FILES[answers_file]
+    prompts = {record["index"]: record for record in read_records(prompts_file)}
+    assert all(record["source"] == "magpie" and record["model"] == TARGET for record in prompts.values())
+    answers = read_records(answers_file)
+    indices = [record["index"] for record in answers]
+    assert len(answers) > more_than and len(set(indices)) == len(indices) and set(indices) <= set(prompts)
+    for record in answers:
+        assert record["model"] == TARGET and record["dtype"] == "bfloat16"
+        assert record["decoding"] == {"do_sample": False} and record["finish_reasons"] in (["stop"], ["length"])
+        assert record["id"] == prompts[record["index"]]["id"]
+        assert user_turns(record) == user_turns(prompts[record["index"]])
+        roles = [message["role"] for message in record["messages"]]
+        assert roles == ["user", "assistant"] and record["messages"][1]["content"].strip()
+    assert not benchmark_overlap(answers)
