@@ -6,15 +6,19 @@ import pytest
 from eagle3_hf.generation.threads import ThreadChooser, candidate_thread_counts
 
 
-def simulate(chooser, plain_seconds, rounds, tokens_per_second, trees=False):
+def simulate(chooser, plain_seconds, rounds, tokens_per_second, trees=False, slow_probe_steps=frozenset()):
     """Run `rounds` rounds: a probe is a plain step at its count (`plain_seconds[count]`), any other round produces
     tokens at `tokens_per_second[count]` in one plain step's time (a plain step, or a tree when `trees`: the planner
-    then runs no plain step the chooser could time, but the first on a count). Returns the seconds spent in probes, all seconds, and the count
-    of each round."""
-    probe_seconds, total, counts = 0.0, 0.0, []
+    then runs no plain step the chooser could time, but the first on a count). The probe steps on the caller's
+    count numbered in `slow_probe_steps` (0-based, over the run) take 250 ms: a disturbance. Returns the seconds
+    spent in probes, all seconds, and the count of each round."""
+    probe_seconds, total, counts, probe_steps_on_callers = 0.0, 0.0, [], 0
     for _ in range(rounds):
         choice = chooser.next_round(tokens_per_second[chooser.current])
         seconds = plain_seconds[choice.threads]
+        if choice.probe and choice.threads == chooser.counts[0]:
+            seconds = 0.250 if probe_steps_on_callers in slow_probe_steps else seconds
+            probe_steps_on_callers += 1
         # a planner whose costs are new times a plain step first, whatever wins then
         plain = choice.probe or not trees or chooser.estimate(choice.threads) is None
         chooser.record(choice, plain=plain, seconds=seconds)
@@ -97,26 +101,19 @@ def test_a_probe_times_both_counts_afresh_back_to_back():
     assert counts[first - 3 : first + 10] == [2, 2, 2, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1]
 
 
-def run_quiet_intel(chooser, rounds, disturbed):
-    """Rounds on the quiet 2-core Intel Xeon (session 26, fp32 SmolLM2: a plain step 51 ms on 2 threads, 77 ms on 1;
-    trees make 1.3 plain steps' tokens per step's time), except that the 2-thread probe steps numbered in `disturbed`
-    (0-based, over the whole run) take 250 ms. Returns the count of each round."""
-    plain, counts, probe_steps_on_two = {2: 0.051, 1: 0.077}, [], 0
-    for _ in range(rounds):
-        choice = chooser.next_round(1.3 / plain[chooser.current])
-        seconds = plain[choice.threads]
-        if choice.probe and choice.threads == 2:
-            seconds = 0.250 if probe_steps_on_two in disturbed else seconds
-            probe_steps_on_two += 1
-        chooser.record(choice, plain=choice.probe or chooser.estimate(choice.threads) is None, seconds=seconds)
-        counts.append(choice.threads)
-    return counts
+QUIET_INTEL = {2: 0.051, 1: 0.077}  # the quiet 2-core Intel Xeon (session 26, fp32 SmolLM2): a plain step's seconds
+
+
+def run_quiet_intel(chooser, rounds, slow_probe_steps):
+    """`simulate` on the quiet Intel Xeon, trees making 1.3 plain steps' tokens per step's time. Returns the counts."""
+    rates = {count: 1.3 / seconds for count, seconds in QUIET_INTEL.items()}
+    return simulate(chooser, QUIET_INTEL, rounds, rates, trees=True, slow_probe_steps=slow_probe_steps)[2]
 
 
 def test_one_slow_step_in_a_probe_is_left_out():
     """A hiccup in one of a probe's three 2-thread steps (another process waking, a page fault) moves nothing."""
     chooser = ThreadChooser((2, 1))
-    counts = run_quiet_intel(chooser, 3000, disturbed={0, 4, 8, 12})
+    counts = run_quiet_intel(chooser, 3000, slow_probe_steps={0, 4, 8, 12})
     assert chooser.switches == 0 and chooser.current == 2
     assert counts.count(1) >= 10  # it went on probing
 
@@ -125,7 +122,7 @@ def test_a_probe_taken_in_a_slow_spell_does_not_stick():
     """Session 25's failure: the first probe's 2-thread steps all fell in a slow spell (250 ms instead of 51), which
     alone would have sent the rounds to 1 thread; the confirming probe right after runs quiet, and 2 threads stay."""
     chooser = ThreadChooser((2, 1))
-    counts = run_quiet_intel(chooser, 3000, disturbed={0, 1, 2})
+    counts = run_quiet_intel(chooser, 3000, slow_probe_steps={0, 1, 2})
     assert chooser.switches == 0 and chooser.current == 2
     first = counts.index(1)  # the first probe, its confirmation, then the trees on 2 threads again
     assert counts[first - 3 : first + 10] == [2, 2, 2, 1, 1, 1, 2, 2, 2, 1, 1, 1, 2]
