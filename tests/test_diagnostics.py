@@ -153,6 +153,7 @@ def test_benchmark_prompt_records_are_the_prompts_bench_decodes_without_answers(
     assert [r["messages"] for r in records] == [[{"role": "user", "content": p.turns[0]}] for p in mt_bench[8:11]]
     both_turns = benchmark_prompt_records("mt_bench", 1, num_turns=2)[0]["messages"]
     assert [m["role"] for m in both_turns] == ["user", "user"]
+    assert benchmark_prompt_records("mt_bench", 1, num_turns=None)[0]["messages"] == both_turns
     (humaneval,) = benchmark_prompt_records("humaneval", 1)
     assert humaneval["messages"] == [{"role": "user", "content": load_human_eval(1)[0].turns[0]}]
 

@@ -26,9 +26,9 @@ class EvalPrompt:
     turns: list[str] = field(default_factory=list)
 
 
-def load_mt_bench(limit: int | None = None, num_turns: int = 2) -> list[EvalPrompt]:
+def load_mt_bench(limit: int | None = None, num_turns: int | None = 2) -> list[EvalPrompt]:
     """MT-bench questions, categories interleaved: the first question of each category in file order, then the
-    second of each, and so on; `num_turns=1` keeps only the first turn.
+    second of each, and so on; `num_turns=1` keeps only the first turn, `None` every turn.
 
     The file lists its 80 questions category by category (10 "writing" first), so a file-order `limit=8` would
     measure writing alone; interleaved, any `limit >= 8` covers all eight categories and `limit=80` is the whole set.
@@ -96,7 +96,9 @@ def _first_user_turns(stop: int, source="sharegpt") -> set[str]:
 DATASETS = {"mt_bench": load_mt_bench, "humaneval": load_human_eval, "sharegpt": load_sharegpt_heldout}
 
 
-def load_prompts(names: list[str], limit: int | None = None, num_turns: int = 2, offset: int = 0) -> list[EvalPrompt]:
+def load_prompts(
+    names: list[str], limit: int | None = None, num_turns: int | None = 2, offset: int = 0
+) -> list[EvalPrompt]:
     """Prompts of the named datasets: per dataset, `limit` prompts after skipping its first `offset` (so that a
     tuning or probing run can use prompts a benchmark's `limit` does not)."""
     if offset < 0 or (limit is not None and limit < 0):

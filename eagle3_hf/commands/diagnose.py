@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.heldout_data == "sharegpt":
         heldout_records = heldout_sharegpt_records(args.heldout_limit, start=args.heldout_offset)
     elif args.heldout_data in BENCHMARK_PROMPTS:
-        turns = args.max_turns if args.max_turns is not None else 2
-        heldout_records = benchmark_prompt_records(args.heldout_data, args.heldout_limit, args.heldout_offset, turns)
+        heldout_records = benchmark_prompt_records(
+            args.heldout_data, args.heldout_limit, args.heldout_offset, args.max_turns
+        )
     else:
         heldout_records = _source_records(args.heldout_data, args.heldout_offset, args.heldout_limit, None)
     regenerated_file = _written_by(data_args.data, data_args.data_offset) == target.name_or_path

@@ -272,13 +272,16 @@ def heldout_sharegpt_records(
     return records
 
 
-def benchmark_prompt_records(name: str, limit: int, start: int = 0, num_turns: int = 1) -> list[dict[str, object]]:
-    """A benchmark's prompts as chat records `{"id", "index", "messages"}` holding only the user turns, so that
-    `diagnose` scores the head on the target's answers to the very prompts `bench` decodes (the shipped head's
-    step-0 top-1 is 0.55 on MT-bench's answers against 0.62 on held-out ShareGPT's). `name` is one of
-    `eagle3_hf.bench.prompts.DATASETS` ("mt_bench": categories interleaved, as `bench` takes them; "humaneval";
-    "sharegpt": the held-out slice); prompts `start` to `start + limit` in that order. Only for measuring: these
-    are the prompts training must never see."""
+def benchmark_prompt_records(
+    name: str, limit: int, start: int = 0, num_turns: int | None = 1
+) -> list[dict[str, object]]:
+    """A benchmark's prompts as chat records `{"id", "index", "messages"}` holding only the user turns (MT-bench's
+    first `num_turns`, `None` for both), so that `diagnose` scores the head on the target's answers to the very
+    prompts `bench` decodes (the shipped head's step-0 top-1 is 0.55 on MT-bench's answers against 0.62 on held-out
+    ShareGPT's). `name` is "mt_bench" (categories interleaved, as `bench` takes them) or "humaneval"; the prompts
+    `start` to `start + limit` in that order, `index` their position in it (the held-out ShareGPT slice, which keeps
+    its answers and record indices, is `heldout_sharegpt_records`). Only for measuring: these are the prompts
+    training must never see."""
     prompts = load_prompts([name], limit=limit, num_turns=num_turns, offset=start)
     return [
         {
