@@ -69,4 +69,4 @@ def packing_pays_on_tiny_models(request, monkeypatch):
     if request.node.get_closest_marker("real_model") is None:
         from eagle3_hf.generation import cpu_packing
 
-        monkeypatch.setattr(cpu_packing, "time_linear_products", lambda model, rows, repeats=3: (1.0, 0.5))
+        monkeypatch.setattr(cpu_packing, "time_linear_products", lambda model, rows, repeats=5: (1.0, 0.5))

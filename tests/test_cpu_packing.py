@@ -2,6 +2,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from eagle3_hf import Eagle3DraftModel
@@ -129,7 +130,7 @@ def test_the_commands_offer_the_pack_modes_pack_for_decoding_takes():
 def slower_packing_for(*rows_slower):
     """A `time_linear_products` stand-in: packing 10% faster than stock, except 10% slower for `rows_slower`."""
 
-    def timings(model, rows, repeats=3):
+    def timings(model, rows, repeats=5):
         return 1.0, 1.1 if rows in rows_slower else 0.9
 
     return timings
@@ -159,7 +160,7 @@ def test_generate_measures_once_and_keeps_stock_weights_where_packing_is_slower(
 
     calls = []
 
-    def timings(model, rows, repeats=3):
+    def timings(model, rows, repeats=5):
         calls.append(rows)
         return 1.0, 1.1  # packing slower for every row count
 
@@ -175,8 +176,16 @@ def test_generate_measures_once_and_keeps_stock_weights_where_packing_is_slower(
     assert len(calls) == measured
 
 
-def test_time_linear_products_times_every_weight_shape_of_the_model():
-    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 32))
-    stock, packed = time_linear_products(model, rows=8, repeats=2)
+def test_time_linear_products_times_every_linear_layer_once_per_pass(monkeypatch):
+    # a forward streams every weight through the cache, so every layer is timed, not one per shape (one layer
+    # timed alone keeps its weight in cache, where stock GEMM looks as fast as packed); a shared weight counts once
+    shared = nn.Linear(64, 64)
+    model = nn.Sequential(nn.Linear(64, 64), shared, nn.Linear(64, 32), shared)
+    stock_calls = []
+    stock_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: stock_calls.append(w.data_ptr()) or stock_linear(x, w, b))
+    stock, packed = time_linear_products(model, rows=8, repeats=3)
     assert stock > 0 and packed > 0
+    weights = [model[0].weight.data_ptr(), shared.weight.data_ptr(), model[2].weight.data_ptr()]
+    assert stock_calls == weights * 4  # the untimed first pass, then one per repeat, in model order
     assert all(type(module) is nn.Linear for module in model)  # measured on temporary packs, the model untouched

@@ -25,6 +25,7 @@ MKL build of PyTorch (the default x86 wheels); a stale pack (the weight was modi
 bypassed, never used.
 """
 
+import statistics
 import time
 import weakref
 
@@ -143,41 +144,50 @@ PACKING_MIN_SAVING = 0.05
 
 
 @torch.no_grad()
-def time_linear_products(model: nn.Module, rows: int, repeats: int = 3) -> tuple[float, float]:
+def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> tuple[float, float]:
     """Seconds of one pass over `model`'s linear layers on `rows` input rows: `(stock, packed)`.
 
     Whether packing pays depends on the CPU and its MKL code path: measured on SmolLM2-135M with 8 rows (2 threads,
     torch 2.13), it cut the linear layers' time by a third on a Xeon with AVX-512, and made it 8% longer on an AMD
-    EPYC. So it is timed on the machine: one layer per distinct weight shape (a transformer repeats a handful), its
-    time counted once per layer of that shape, stock `F.linear` against the packed kernel (the weight packed for the
-    measurement only), each called once untimed, then alternating, the fastest of `repeats` runs each (another
-    process only ever slows a run down).
-    `packing_pays` runs it once per model and row count: about 0.2 s for SmolLM2-135M on 2 cores (most of it its
-    49k-row output projection), 40 ms for its head.
+    EPYC. So it is timed on the machine, the way a forward meets the weights: a pass over every linear layer in model
+    order (a weight shared by several layers once), stock `F.linear` against the packed kernel (each weight packed
+    for the measurement only), the two passes alternating which goes first, and each kind's median pass of
+    `repeats`. Timing one layer per weight shape instead (session 2 to 28) kept that weight in cache between calls,
+    where stock GEMM loses little: on SmolLM2 (2-core Xeon, 8 rows) packed over stock came out 0.71-1.06 in ten
+    tries, on both sides of `PACKING_MIN_SAVING`, while a pass over all layers gave 0.78-0.86 in sixteen and
+    `generate` with the target packed ran its trees 8-12% faster (session 29).
+    `packing_pays` runs it once per model and row count: 0.6-0.7 s for SmolLM2-135M on 2 cores (ratio 0.79-0.89 in
+    ten tries), with one packed copy of the linear weights alive meanwhile (as packing itself keeps), and a few
+    milliseconds for its head.
     """
-    layers: dict[tuple[int, int], tuple[nn.Linear, int]] = {}
+    weights = {}
     for module in model.modules():
         if isinstance(module, nn.Linear) and _is_packable(module.weight):
-            layer, count = layers.get(tuple(module.weight.shape), (module, 0))
-            layers[tuple(module.weight.shape)] = (layer, count + 1)
-    stock, packed = 0.0, 0.0
-    for layer, count in layers.values():
+            weights.setdefault(module.weight.data_ptr(), module)
+    layers = []
+    for layer in weights.values():
         weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
-        pack = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         inputs = torch.randn(rows, layer.in_features)
-        F.linear(inputs, weight, bias)  # first calls pay for MKL's lazy set-up: untimed
-        torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, rows)
-        runs = {"stock": [], "packed": []}
-        for _ in range(repeats):
-            start = time.perf_counter()
+        layers.append((inputs, weight, bias, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)))
+
+    def stock_pass() -> float:
+        start = time.perf_counter()
+        for inputs, weight, bias, _ in layers:
             F.linear(inputs, weight, bias)
-            middle = time.perf_counter()
+        return time.perf_counter() - start
+
+    def packed_pass() -> float:
+        start = time.perf_counter()
+        for inputs, weight, bias, pack in layers:
             torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, rows)
-            runs["stock"].append(middle - start)
-            runs["packed"].append(time.perf_counter() - middle)
-        stock += count * min(runs["stock"])
-        packed += count * min(runs["packed"])
-    return stock, packed
+        return time.perf_counter() - start
+
+    stock_pass(), packed_pass()  # first calls pay for MKL's lazy set-up: untimed
+    runs = {stock_pass: [], packed_pass: []}
+    for repeat in range(repeats):
+        for timed in (stock_pass, packed_pass) if repeat % 2 == 0 else (packed_pass, stock_pass):
+            runs[timed].append(timed())
+    return statistics.median(runs[stock_pass]), statistics.median(runs[packed_pass])
 
 
 # model -> {rows: (stock seconds, packed seconds)}: measured once per model and row count
