@@ -189,3 +189,16 @@ def test_time_linear_products_times_every_linear_layer_once_per_pass(monkeypatch
     weights = [model[0].weight.data_ptr(), shared.weight.data_ptr(), model[2].weight.data_ptr()]
     assert stock_calls == weights * 4  # the untimed first pass, then one per repeat, in model order
     assert all(type(module) is nn.Linear for module in model)  # measured on temporary packs, the model untouched
+
+
+def test_time_linear_products_stops_at_the_weight_budget(monkeypatch):
+    # a large model is timed on its first layers (in model order) up to the budget, not packed whole to be timed
+    from eagle3_hf.generation import cpu_packing
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
+    monkeypatch.setattr(cpu_packing, "TIMED_WEIGHT_BYTES", 64 * 64 * 4 + 1)
+    stock_calls = []
+    stock_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: stock_calls.append(w.data_ptr()) or stock_linear(x, w, b))
+    time_linear_products(model, rows=8, repeats=1)
+    assert stock_calls == [model[0].weight.data_ptr(), model[1].weight.data_ptr()] * 2

@@ -142,6 +142,10 @@ PACK_MODES = ("auto", "on", "off")
 # Packing must save this share of the linear layers' time to be worth one more copy of their weights.
 PACKING_MIN_SAVING = 0.05
 
+# `time_linear_products` times the linear layers in model order up to this many bytes of weights: far more than any
+# CPU cache, so they stream from memory as in a forward, while a large model is not packed whole only to be timed.
+TIMED_WEIGHT_BYTES = 1 << 30
+
 
 @torch.no_grad()
 def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> tuple[float, float]:
@@ -149,21 +153,23 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> tuple
 
     Whether packing pays depends on the CPU and its MKL code path: measured on SmolLM2-135M with 8 rows (2 threads,
     torch 2.13), it cut the linear layers' time by a third on a Xeon with AVX-512, and made it 8% longer on an AMD
-    EPYC. So it is timed on the machine, the way a forward meets the weights: a pass over every linear layer in model
-    order (a weight shared by several layers once), stock `F.linear` against the packed kernel (each weight packed
-    for the measurement only), the two passes alternating which goes first, and each kind's median pass of
-    `repeats`. Timing one layer per weight shape instead (session 2 to 28) kept that weight in cache between calls,
-    where stock GEMM loses little: on SmolLM2 (2-core Xeon, 8 rows) packed over stock came out 0.71-1.06 in ten
-    tries, on both sides of `PACKING_MIN_SAVING`, while a pass over all layers gave 0.78-0.86 in sixteen and
-    `generate` with the target packed ran its trees 8-12% faster (session 29).
-    `packing_pays` runs it once per model and row count: 0.6-0.7 s for SmolLM2-135M on 2 cores (ratio 0.79-0.89 in
-    ten tries), with one packed copy of the linear weights alive meanwhile (as packing itself keeps), and a few
-    milliseconds for its head.
+    EPYC. So it is timed on the machine, the way a forward meets the weights: a pass over the linear layers in model
+    order (a weight shared by several layers once; the first `TIMED_WEIGHT_BYTES` of weights of a larger model),
+    stock `F.linear` against the packed kernel (each weight packed for the measurement only), the two passes
+    alternating which goes first, and each kind's median pass of `repeats`. Timing one layer per weight shape
+    instead (sessions 2 to 28) kept that weight in cache between calls, where stock GEMM loses little: on SmolLM2
+    (2-core Xeon, 8 rows) packed over stock came out 0.71-1.06 in ten tries, on both sides of
+    `PACKING_MIN_SAVING`, while a pass over all layers gave 0.79-0.89 in ten, and `generate` with the target packed
+    ran its trees 8-12% faster (session 29).
+    `packing_pays` runs it once per model and row count: 0.6-0.7 s for SmolLM2-135M on 2 cores, with a packed copy
+    of the timed weights alive meanwhile, and a few milliseconds for its head.
     """
-    weights = {}
+    weights, timed_bytes = {}, 0
     for module in model.modules():
-        if isinstance(module, nn.Linear) and _is_packable(module.weight):
-            weights.setdefault(module.weight.data_ptr(), module)
+        if isinstance(module, nn.Linear) and _is_packable(module.weight) and timed_bytes < TIMED_WEIGHT_BYTES:
+            if module.weight.data_ptr() not in weights:
+                weights[module.weight.data_ptr()] = module
+                timed_bytes += module.weight.numel() * module.weight.element_size()
     layers = []
     for layer in weights.values():
         weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
