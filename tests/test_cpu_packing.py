@@ -176,14 +176,19 @@ def test_generate_measures_once_and_keeps_stock_weights_where_packing_is_slower(
     assert len(calls) == measured
 
 
+def record_stock_linear_weights(monkeypatch) -> list[int]:
+    """The `data_ptr` of the weight of every stock `F.linear` call from now on, in call order."""
+    calls, stock_linear = [], F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: calls.append(w.data_ptr()) or stock_linear(x, w, b))
+    return calls
+
+
 def test_time_linear_products_times_every_linear_layer_once_per_pass(monkeypatch):
     # a forward streams every weight through the cache, so every layer is timed, not one per shape (one layer
     # timed alone keeps its weight in cache, where stock GEMM looks as fast as packed); a shared weight counts once
     shared = nn.Linear(64, 64)
     model = nn.Sequential(nn.Linear(64, 64), shared, nn.Linear(64, 32), shared)
-    stock_calls = []
-    stock_linear = F.linear
-    monkeypatch.setattr(F, "linear", lambda x, w, b=None: stock_calls.append(w.data_ptr()) or stock_linear(x, w, b))
+    stock_calls = record_stock_linear_weights(monkeypatch)
     stock, packed = time_linear_products(model, rows=8, repeats=3)
     assert stock > 0 and packed > 0
     weights = [model[0].weight.data_ptr(), shared.weight.data_ptr(), model[2].weight.data_ptr()]
@@ -197,8 +202,6 @@ def test_time_linear_products_stops_at_the_weight_budget(monkeypatch):
 
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
     monkeypatch.setattr(cpu_packing, "TIMED_WEIGHT_BYTES", 64 * 64 * 4 + 1)
-    stock_calls = []
-    stock_linear = F.linear
-    monkeypatch.setattr(F, "linear", lambda x, w, b=None: stock_calls.append(w.data_ptr()) or stock_linear(x, w, b))
+    stock_calls = record_stock_linear_weights(monkeypatch)
     time_linear_products(model, rows=8, repeats=1)
     assert stock_calls == [model[0].weight.data_ptr(), model[1].weight.data_ptr()] * 2

@@ -166,10 +166,11 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> tuple
     """
     weights, timed_bytes = {}, 0
     for module in model.modules():
-        if isinstance(module, nn.Linear) and _is_packable(module.weight) and timed_bytes < TIMED_WEIGHT_BYTES:
-            if module.weight.data_ptr() not in weights:
-                weights[module.weight.data_ptr()] = module
-                timed_bytes += module.weight.numel() * module.weight.element_size()
+        if timed_bytes >= TIMED_WEIGHT_BYTES:
+            break
+        if isinstance(module, nn.Linear) and _is_packable(module.weight) and module.weight.data_ptr() not in weights:
+            weights[module.weight.data_ptr()] = module
+            timed_bytes += module.weight.numel() * module.weight.element_size()
     layers = []
     for layer in weights.values():
         weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
