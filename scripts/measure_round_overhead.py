@@ -8,16 +8,22 @@ acceptance length: a trained head speeds decoding up only if its tau exceeds it.
 The head is untrained (`Eagle3DraftModel.from_target`), so nearly every round accepts just the bonus token and
 the loop runs about one round per new token; the cost of a round does not depend on the head's weights, but it
 does depend on the head's vocabulary (its `lm_head` runs once per tree level): `--draft-vocab-size 8192` shows a
-head with a reduced vocabulary, as trained heads usually have.
+head with a reduced vocabulary, as trained heads usually have. `--head FOLDER` times a trained head instead (its
+tau is then printed too, and a round's cost is what that head's rounds really cost: longer accepted paths cost
+more to encode into the head), and `--mt-bench N` uses the first turns of N MT-bench questions as prompts instead of
+the paragraph to summarise, which prompt lookup copies from.
 
     .venv/bin/python scripts/measure_round_overhead.py                       # default grid, ~3 minutes on 2 cores
     .venv/bin/python scripts/measure_round_overhead.py --shapes 16x5x4 --repeats 5
     .venv/bin/python scripts/measure_round_overhead.py --pack-weights on        # MKL-packed weights (cpu_packing)
+    .venv/bin/python scripts/measure_round_overhead.py --head model_cards/eagle3-SmolLM2-135M-Instruct --mt-bench 8 \
+        --threads 2 --repeats 1 --new-tokens 64 --pack-weights auto --shapes 8x3x8,12x4x8   # the shipped head
 
 Shapes are `total_tokens x depth x top_k`. Steps and rounds are timed with a streamer (one `put` per plain step,
 one per tree round), so each includes all the per-step work of its loop. Runs are interleaved (plain, then every
 shape, repeated); the fastest step and the fastest round are compared, because other processes on a small machine
-only ever slow a step down (the median is printed too, to show how noisy the machine was).
+only ever slow a step down (the median is printed too, to show how noisy the machine was). Tokens per second follow
+the mean, which is printed beside them (`mean round / mean step` is what a head's tau must beat on a quiet machine).
 """
 
 import argparse
@@ -27,7 +33,8 @@ import statistics
 import torch
 
 from eagle3_hf import Eagle3DraftModel
-from eagle3_hf.bench.measure import StepClock
+from eagle3_hf.bench.measure import StepClock, encode_chat
+from eagle3_hf.bench.prompts import load_mt_bench
 from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
 from eagle3_hf.loading import load_target
@@ -73,6 +80,7 @@ def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[i
     parts = {"grow": "draft", "verify": "verify", "draft_update": "update", "other": "other"}
     timings = {part: list(output.round_seconds[name][: -depth or None]) for part, name in parts.items()}
     timings["round"] = clock.intervals(skip_last=depth)
+    timings["tau"] = [output.tau]
     return timings
 
 
@@ -85,6 +93,10 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=160, help="length of the user message in words")
     parser.add_argument(
         "--draft-vocab-size", type=int, default=None, help="head vocabulary (default: the target's, 49152)"
+    )
+    parser.add_argument("--head", default=None, help="a trained head's folder (default: an untrained head)")
+    parser.add_argument(
+        "--mt-bench", type=int, default=0, help="prompts: the first turns of this many MT-bench questions"
     )
     parser.add_argument(
         "--pack-weights",
@@ -100,39 +112,56 @@ def main() -> None:
     target, tokenizer = load_target()
     # No EOS: every run produces exactly `--new-tokens` tokens, with no logits processor in either loop.
     target.generation_config.eos_token_id = None
-    overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
-    draft = Eagle3DraftModel.from_target(target, **overrides)
+    if args.head is not None and args.draft_vocab_size is not None:
+        parser.error("--draft-vocab-size is for the untrained head; --head brings its own vocabulary")
+    if args.head is not None:
+        draft = Eagle3DraftModel.from_pretrained(args.head).to(target.dtype).eval()
+        draft.attach_target(target)
+    else:
+        overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
+        draft = Eagle3DraftModel.from_target(target, **overrides)
     packing = pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights)
-    words = (PARAGRAPH * 20).split()[: args.prompt_words]
-    message = "Summarise this text in two sentences: " + " ".join(words)
-    input_ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )["input_ids"]
+    if args.mt_bench:
+        messages = [prompt.turns[0] for prompt in load_mt_bench(limit=args.mt_bench, num_turns=1)]
+    else:
+        words = (PARAGRAPH * 20).split()[: args.prompt_words]
+        messages = ["Summarise this text in two sentences: " + " ".join(words)]
+    prompts = [encode_chat(tokenizer, [{"role": "user", "content": message}], target.device) for message in messages]
     print(
-        f"prompt {input_ids.shape[1]} tokens, {args.new_tokens} new tokens, draft vocabulary "
-        f"{draft.config.draft_vocab_size}, torch threads {torch.get_num_threads()}, {packing}, "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"{len(prompts)} prompt(s) of {min(p.shape[1] for p in prompts)}-{max(p.shape[1] for p in prompts)} tokens, "
+        f"{args.new_tokens} new tokens, draft vocabulary {draft.config.draft_vocab_size}, torch threads "
+        f"{torch.get_num_threads()}, {packing}, load average {os.getloadavg()[0]:.1f}"
     )
 
-    target.generate(input_ids, assistant_model=draft, max_new_tokens=4)  # warm-up
+    target.generate(prompts[0], assistant_model=draft, max_new_tokens=4)  # warm-up
     plain, runs = [], {shape: {} for shape in shapes}
     for _ in range(args.repeats):
-        plain.extend(plain_step_seconds(target, input_ids, args.new_tokens))
-        for shape in shapes:
-            for part, values in tree_round_seconds(target, draft, input_ids, args.new_tokens, shape).items():
-                runs[shape].setdefault(part, []).extend(values)
+        for input_ids in prompts:
+            plain.extend(plain_step_seconds(target, input_ids, args.new_tokens))
+            for shape in shapes:
+                for part, values in tree_round_seconds(target, draft, input_ids, args.new_tokens, shape).items():
+                    runs[shape].setdefault(part, []).extend(values)
     # Other processes only ever slow a step down, so the fastest of many comparable steps (or rounds, or parts)
     # estimates the undisturbed cost; the median shows how noisy the machine was.
-    step = min(plain)
-    print(f"\nplain greedy step: {step * 1000:.1f} ms fastest, {statistics.median(plain) * 1000:.1f} ms median\n")
-    print("| total x depth x top_k | round ms (median) | round / step | grow | verify | draft update | other |")
-    print("|---|---|---|---|---|---|---|")
+    step, mean_step = min(plain), statistics.mean(plain)
+    print(
+        f"\nplain greedy step: {step * 1000:.1f} ms fastest, {statistics.median(plain) * 1000:.1f} ms median, "
+        f"{mean_step * 1000:.1f} ms mean\n"
+    )
+    print(
+        "| total x depth x top_k | round ms (median) | round / step | grow | verify | draft update | other "
+        "| mean round ms: grow + verify + update + other | mean round / mean step | tau |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
-        ms = {part: min(values) * 1000 for part, values in runs[shape].items()}
+        ms = {part: min(values) * 1000 for part, values in runs[shape].items() if part != "tau"}
+        mean = {part: statistics.mean(values) * 1000 for part, values in runs[shape].items() if part != "tau"}
+        parts = " + ".join(f"{mean[part]:.1f}" for part in ("grow", "verify", "draft_update", "other"))
         print(
             f"| {'x'.join(map(str, shape))} | {ms['round']:.1f} ({statistics.median(runs[shape]['round']) * 1000:.0f}) "
             f"| {ms['round'] / 1000 / step:.2f} | {ms['grow']:.1f} | {ms['verify']:.1f} | {ms['draft_update']:.1f} "
-            f"| {ms['other']:.2f} |"
+            f"| {ms['other']:.2f} | {mean['round']:.1f}: {parts} | {mean['round'] / 1000 / mean_step:.2f} "
+            f"| {statistics.mean(runs[shape]['tau']):.2f} |"
         )
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
