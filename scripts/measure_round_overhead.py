@@ -37,7 +37,7 @@ from eagle3_hf.bench.measure import StepClock, encode_chat
 from eagle3_hf.bench.prompts import load_mt_bench
 from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
-from eagle3_hf.loading import load_target
+from eagle3_hf.loading import load_default_pair, load_target
 
 
 DEFAULT_SHAPES = [f"{total}x{depth}x{top_k}" for total in (8, 16, 24, 32) for depth, top_k in ((3, 4), (5, 4), (6, 6))]
@@ -55,8 +55,9 @@ def plain_step_seconds(target, input_ids, new_tokens: int) -> list[float]:
     return clock.intervals()
 
 
-def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[int, int, int]) -> dict:
-    """The time of every round, and of every part of a round, for one tree shape (pinned: no plain steps).
+def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[int, int, int]) -> tuple[dict, float]:
+    """The time of every round, and of every part of a round, for one tree shape (pinned: no plain steps), and the
+    generation's tau.
 
     The parts are what `Eagle3GenerateOutput.round_seconds` reports: `draft` (growing the tree), `verify` (the
     target's forward), `update` (encoding the accepted tokens into the draft) and `other` (acceptance, emitting and
@@ -80,8 +81,7 @@ def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[i
     parts = {"grow": "draft", "verify": "verify", "draft_update": "update", "other": "other"}
     timings = {part: list(output.round_seconds[name][: -depth or None]) for part, name in parts.items()}
     timings["round"] = clock.intervals(skip_last=depth)
-    timings["tau"] = [output.tau]
-    return timings
+    return timings, output.tau
 
 
 def main() -> None:
@@ -109,17 +109,16 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    target, tokenizer = load_target()
-    # No EOS: every run produces exactly `--new-tokens` tokens, with no logits processor in either loop.
-    target.generation_config.eos_token_id = None
     if args.head is not None and args.draft_vocab_size is not None:
         parser.error("--draft-vocab-size is for the untrained head; --head brings its own vocabulary")
     if args.head is not None:
-        draft = Eagle3DraftModel.from_pretrained(args.head).to(target.dtype).eval()
-        draft.attach_target(target)
+        target, tokenizer, draft = load_default_pair(args.head)
     else:
+        target, tokenizer = load_target()
         overrides = {} if args.draft_vocab_size is None else {"draft_vocab_size": args.draft_vocab_size}
         draft = Eagle3DraftModel.from_target(target, **overrides)
+    # No EOS: every run produces exactly `--new-tokens` tokens, with no logits processor in either loop.
+    target.generation_config.eos_token_id = None
     packing = pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights)
     if args.mt_bench:
         messages = [prompt.turns[0] for prompt in load_mt_bench(limit=args.mt_bench, num_turns=1)]
@@ -134,13 +133,15 @@ def main() -> None:
     )
 
     target.generate(prompts[0], assistant_model=draft, max_new_tokens=4)  # warm-up
-    plain, runs = [], {shape: {} for shape in shapes}
+    plain, runs, taus = [], {shape: {} for shape in shapes}, {shape: [] for shape in shapes}
     for _ in range(args.repeats):
         for input_ids in prompts:
             plain.extend(plain_step_seconds(target, input_ids, args.new_tokens))
             for shape in shapes:
-                for part, values in tree_round_seconds(target, draft, input_ids, args.new_tokens, shape).items():
+                timings, tau = tree_round_seconds(target, draft, input_ids, args.new_tokens, shape)
+                for part, values in timings.items():
                     runs[shape].setdefault(part, []).extend(values)
+                taus[shape].append(tau)
     # Other processes only ever slow a step down, so the fastest of many comparable steps (or rounds, or parts)
     # estimates the undisturbed cost; the median shows how noisy the machine was.
     step, mean_step = min(plain), statistics.mean(plain)
@@ -154,14 +155,14 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
-        ms = {part: min(values) * 1000 for part, values in runs[shape].items() if part != "tau"}
-        mean = {part: statistics.mean(values) * 1000 for part, values in runs[shape].items() if part != "tau"}
+        ms = {part: min(values) * 1000 for part, values in runs[shape].items()}
+        mean = {part: statistics.mean(values) * 1000 for part, values in runs[shape].items()}
         parts = " + ".join(f"{mean[part]:.1f}" for part in ("grow", "verify", "draft_update", "other"))
         print(
             f"| {'x'.join(map(str, shape))} | {ms['round']:.1f} ({statistics.median(runs[shape]['round']) * 1000:.0f}) "
             f"| {ms['round'] / 1000 / step:.2f} | {ms['grow']:.1f} | {ms['verify']:.1f} | {ms['draft_update']:.1f} "
             f"| {ms['other']:.2f} | {mean['round']:.1f}: {parts} | {mean['round'] / 1000 / mean_step:.2f} "
-            f"| {statistics.mean(runs[shape]['tau']):.2f} |"
+            f"| {statistics.mean(taus[shape]):.2f} |"
         )
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
