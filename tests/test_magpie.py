@@ -214,6 +214,35 @@ class TestMagpiePrompts:
         assert [m["role"] for m in records[0]["messages"]] == ["system", "user"]
         assert {r["messages"][1]["content"] for r in records} == {"What is two plus two?", "Name a colour, please."}
 
+    def test_prompt_starts_open_the_prompts_in_turn(self, chatml, tmp_path):
+        script = [f" the number {n} to a child.<|im_end|>" for n in range(12)]
+        target = ScriptedTarget(chatml, script)
+        starts = ["Explain", "Write a story about"]
+        path = tmp_path / "p.jsonl"
+        _, stats = self.run(chatml, path, 6, target=target, prompt_starts=starts)
+        prefix = user_turn_template(chatml).prefix
+        rows = [chatml(prefix + start, add_special_tokens=False)["input_ids"] for start in starts]
+        width = max(map(len, rows))
+        for batch in target.inputs:  # left-padded, the starts in turn (a batch of 4 begins with the first start)
+            assert [row[width - len(rows[i % 2]) :].tolist() for i, row in enumerate(batch)] == [rows[0], rows[1]] * 2
+        records = read_jsonl(path)
+        assert stats.written == 6 and all(record["prompt_starts"] == starts for record in records)
+        for record in records:
+            prompt = record["messages"][0]["content"]
+            assert prompt.startswith(record["prompt_start"] + " the number ") and prompt.endswith(" to a child.")
+        assert [record["prompt_start"] for record in records].count("Explain") >= 1
+        with pytest.raises(
+            ValueError, match=r"another 'prompt_starts': \['Explain', 'Write a story about'\] there, None"
+        ):
+            self.run(chatml, path, 8, target=target)
+        plain = tmp_path / "plain.jsonl"
+        self.run(chatml, plain, 2)
+        assert "prompt_start" not in read_jsonl(plain)[0]  # plain Magpie records stay as they were
+        with pytest.raises(ValueError, match=r"another 'prompt_starts': None there, \['Explain'\]"):
+            self.run(chatml, plain, 4, prompt_starts=["Explain"])
+        with pytest.raises(ValueError, match=r"prompt_starts must be non-empty and not end with whitespace.*'Write '"):
+            self.run(chatml, tmp_path / "bad.jsonl", 2, prompt_starts=["Explain", "Write "])
+
     def test_max_batches_stops_a_model_that_repeats_itself(self, chatml, tmp_path, caplog):
         target = ScriptedTarget(chatml, ["The same question again?<|im_end|>"])
         with caplog.at_level(logging.WARNING, logger="eagle3_hf.training.magpie"):
@@ -317,9 +346,11 @@ def test_command_line(chatml, tmp_path, monkeypatch, capsys):
         "--max-tokens",
         "12",
     ]
-    assert magpie_command.main([*argv, "--no-evaluation-filter", "--no-progress", "--temperature", "0.9"]) == 0
+    options = ["--no-evaluation-filter", "--no-progress", "--temperature", "0.9", "--prompt-starts", "Say", "Ask me"]
+    assert magpie_command.main([*argv, *options]) == 0
     out = capsys.readouterr().out
     assert "wrote 4 prompts" in out and f"eagle3-hf regenerate --data {path}" in out
     records = read_jsonl(path)
     assert len(records) == 4 and {r["temperature"] for r in records} == {0.9}
+    assert all(r["messages"][0]["content"].startswith(r["prompt_start"]) for r in records)
     assert all("<|im_end|>" not in r["messages"][0]["content"] for r in records)

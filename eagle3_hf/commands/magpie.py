@@ -42,6 +42,14 @@ def make_parser() -> argparse.ArgumentParser:
         help="System message before the user turn (default: none; the template's own default, if any, is used).",
     )
     parser.add_argument(
+        "--prompt-starts",
+        nargs="+",
+        default=None,
+        metavar="WORDS",
+        help="Opening words of the prompts, one per candidate in turn (e.g. 'Write a story' Explain): steers the kind "
+        "of request; the model writes the rest (default: none, plain Magpie).",
+    )
+    parser.add_argument(
         "--no-evaluation-filter",
         action="store_true",
         help="Keep prompts that overlap MT-bench, HumanEval or the held-out ShareGPT prompts.",
@@ -80,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         min_tokens=args.min_tokens,
         max_tokens=args.max_tokens,
         system_prompt=args.system_prompt,
+        prompt_starts=args.prompt_starts,
         near_duplicate_threshold=threshold,
         evaluation_index=evaluation_index,
         seed=args.seed,

@@ -6,7 +6,9 @@ template's default system message, if it writes one), `<|begin_of_text|><|start_
 in Llama 3. The model continues with a user prompt of the kind it was tuned on and ends it with its end-of-turn token.
 `magpie_prompts` samples such prompts in batches, filters them (length, cut off, template markup, duplicates and
 near-duplicates, overlap with the benchmark's evaluation sets) and appends them to a resumable JSONL file of chat
-records, which `eagle3-hf regenerate --data FILE` then answers. See docs/training-data.md.
+records, which `eagle3-hf regenerate --data FILE` then answers. `prompt_starts` steers the kind of request: each
+row is prompted with the user prefix followed by the first words of a request ("Write a story", "Explain"), which
+the model completes (the words are part of the kept prompt). See docs/training-data.md.
 """
 
 import json
@@ -15,6 +17,7 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,6 +274,7 @@ def magpie_prompts(
     min_tokens: int = 3,
     max_tokens: int = 256,
     system_prompt: str | None = None,
+    prompt_starts: Sequence[str] | None = None,
     near_duplicate_threshold: float | None = 0.7,
     evaluation_index: EvaluationIndex | None = None,
     seed: int = 0,
@@ -281,8 +285,8 @@ def magpie_prompts(
     """Sample user prompts from `model` until `output_path` holds `num_prompts` of them that pass the filters.
 
     Each batch is one `generate` call on a `[batch_size, P]` long tensor: the P ids of the user prefix
-    (`user_turn_template`), the same in every row (`generate_replies` left-pads, which here pads nothing). Rows stop
-    at an EOS or end-of-turn id. Candidates are stripped and filtered by `PromptFilter`, in this order: cut off by
+    (`user_turn_template`), the same in every row, or with `prompt_starts` the prefix and one start per row
+    (`generate_replies` left-pads the shorter rows). Rows stop at an EOS or end-of-turn id. Candidates are stripped and filtered by `PromptFilter`, in this order: cut off by
     `max_tokens`, template markup, shorter than `min_tokens` or longer than `max_tokens` tokens, a duplicate or
     near-duplicate (`DuplicateFilter`) of a prompt kept earlier (in this run or in the file), overlapping the
     evaluation sets (`EvaluationIndex`).
@@ -300,6 +304,10 @@ def magpie_prompts(
         min_tokens, max_tokens: the prompt lengths kept, in tokens.
         system_prompt: a system message before the user turn (default: none, so the template's default system
             message, if it writes one, is part of the prefix).
+        prompt_starts: the opening words of the prompts, e.g. `["Write a story", "Explain"]` (default: none, plain
+            Magpie). Candidate `i` of batch `b` starts with `prompt_starts[(b * batch_size + i) % len(prompt_starts)]`
+            and the model writes the rest; the start is part of the prompt, and each record names it
+            (`"prompt_start"`). A start must not end with whitespace (the model writes the space after it).
         near_duplicate_threshold: see `DuplicateFilter`.
         evaluation_index: the prompts to keep out (default: `EvaluationIndex.from_benchmarks()`, the benchmark's
             MT-bench, HumanEval and held-out ShareGPT prompts); `EvaluationIndex([])` checks nothing.
@@ -317,14 +325,24 @@ def magpie_prompts(
             f"Need batch_size >= 1 and 1 <= min_tokens <= max_tokens; got batch_size={batch_size}, "
             f"min_tokens={min_tokens}, max_tokens={max_tokens}."
         )
+    starts = list(prompt_starts) if prompt_starts else []
+    bad = [start for start in starts if not start.strip() or start != start.rstrip()]
+    if bad:
+        raise ValueError(
+            f"prompt_starts must be non-empty and not end with whitespace (the model writes the space after a start); "
+            f"got {bad!r}."
+        )
     template = user_turn_template(tokenizer, system_prompt)
     evaluation_index = EvaluationIndex.from_benchmarks() if evaluation_index is None else evaluation_index
     # What every record carries and a resumed run must repeat, in the order records list them.
     settings = dict(source="magpie", model=model.name_or_path, seed=seed, prefix=template.prefix)
     settings |= dict(temperature=temperature, top_p=top_p, top_k=top_k, min_tokens=min_tokens, max_tokens=max_tokens)
     settings |= dict(near_duplicate_threshold=near_duplicate_threshold, evaluation_sets=evaluation_index.datasets)
+    settings["prompt_starts"] = starts or None
     written = read_appended_records(output_path, "prompt record")
     _check_resume(output_path, written, settings)
+    if not starts:  # plain Magpie records carry no `prompt_starts` (files written before the option existed)
+        del settings["prompt_starts"]
     filters = PromptFilter(tokenizer, template, min_tokens, max_tokens, near_duplicate_threshold, evaluation_index)
     for record in written:
         filters.duplicates.add(record["messages"][-1]["content"])
@@ -335,6 +353,14 @@ def magpie_prompts(
         model, tokenizer, template, max_tokens, temperature, top_p, top_k, cache_implementation
     )
     prefix_ids = tokenizer(template.prefix, add_special_tokens=False)["input_ids"]
+    # Prefix and start tokenised together, as the chat template's text would be; the start's tokens are echoed
+    # in front of the reply so that the kept prompt reads as the model's tokenizer joins them.
+    start_ids = [tokenizer(template.prefix + start, add_special_tokens=False)["input_ids"] for start in starts]
+    for start, ids in zip(starts, start_ids):
+        if ids[: len(prefix_ids)] != prefix_ids:
+            raise ValueError(
+                f"The prompt start {start!r} merges with the user prefix's last token; start it otherwise."
+            )
     system = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
     stats = MagpieStats(skipped_done=len(written), rejected=dict.fromkeys(REJECTIONS, 0))
     count, next_index = len(written), max((record["index"] for record in written), default=-1) + 1
@@ -346,13 +372,16 @@ def magpie_prompts(
             if count >= num_prompts:
                 break
             set_seed(_batch_seed(seed, batch))
-            start = time.perf_counter()
-            replies = generate_replies(model, tokenizer, [prefix_ids] * batch_size, config)
-            stats.seconds += time.perf_counter() - start
+            row_starts = [(batch * batch_size + row) % len(starts) for row in range(batch_size)] if starts else []
+            inputs = [start_ids[index] for index in row_starts] or [prefix_ids] * batch_size
+            echo = [len(ids) - len(prefix_ids) for ids in inputs]
+            began = time.perf_counter()
+            replies = generate_replies(model, tokenizer, inputs, config, echo_tokens=echo)
+            stats.seconds += time.perf_counter() - began
             stats.batches += 1
             stats.candidates += len(replies)
             stats.new_tokens += sum(new_tokens for _, new_tokens, _ in replies)
-            for text, _, finish_reason in replies:
+            for row, (text, _, finish_reason) in enumerate(replies):
                 prompt = text.strip()
                 if (reason := filters.reject_reason(prompt, finish_reason)) is not None:
                     if not (reason == "duplicate" and batch == first_batch and prompt in redone):
@@ -363,6 +392,8 @@ def magpie_prompts(
                 filters.duplicates.add(prompt)
                 messages = [*system, {"role": "user", "content": prompt}]
                 record = {"index": next_index, "id": f"magpie-{next_index}", "messages": messages, **settings}
+                if starts:
+                    record["prompt_start"] = starts[row_starts[row]]
                 output.write(json.dumps({**record, "batch": batch}, ensure_ascii=False) + "\n")
                 output.flush()
                 stats.written, count, next_index = stats.written + 1, count + 1, next_index + 1

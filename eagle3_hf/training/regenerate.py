@@ -149,13 +149,16 @@ def generate_replies(
     prompts: list[list[int]],
     generation_config: GenerationConfig,
     max_new_tokens: list[int] | None = None,
+    echo_tokens: list[int] | None = None,
 ) -> list[tuple[str, int, str]]:
     """Answer a batch of tokenised prompts with one left-padded `generate` call.
 
     Returns `(text, new_tokens, finish_reason)` per prompt: the reply decoded up to its first end-of-turn token
     (excluded), the number of tokens generated through that token, and `"stop"` or `"length"`. `max_new_tokens`
     caps each prompt's reply below `generation_config.max_new_tokens` (the call runs for the largest cap; a reply
-    is what generating with its own cap gives).
+    is what generating with its own cap gives). `echo_tokens` decodes each prompt's last `n` tokens in front of its
+    reply, in one `decode` with it (a tokenizer may drop a leading space when the reply is decoded alone); they do
+    not count as new tokens.
     """
     pad_id = generation_config.pad_token_id
     width = max(len(ids) for ids in prompts)
@@ -178,11 +181,13 @@ def generate_replies(
         )
     eos = torch.tensor(generation_config.eos_token_id, device=output.device)
     replies = []
-    for row, limit in zip(output[:, width:], limits):
-        row = row[:limit]
+    echo_tokens = [0] * len(prompts) if echo_tokens is None else echo_tokens
+    for row, limit, echo in zip(output, limits, echo_tokens):
+        echoed, row = row[width - echo : width], row[width:][:limit]
         stops = torch.isin(row, eos).nonzero()
         end = int(stops[0]) if len(stops) else row.shape[0]
-        text = tokenizer.decode(row[:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        ids = torch.cat([echoed, row[:end]])
+        text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         replies.append((text, min(end + 1, row.shape[0]), "stop" if len(stops) else "length"))
     return replies
 
