@@ -27,8 +27,11 @@ FILES = {
     "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3, GREEDY, 2000),
     "sharegpt-sampled-bf16.jsonl.gz": ({"bfloat16"}, 7, SAMPLED, 1500),
 }
-# Magpie data (sessions 26-28): answers file -> (the prompts file `eagle3-hf magpie` wrote, a count it holds more than)
-MAGPIE_FILES = {"magpie-bf16.jsonl.gz": ("magpie-prompts-bf16.jsonl.gz", 11000)}
+# Magpie data (sessions 26-31): answers file -> (the prompts file `eagle3-hf magpie` wrote, a count it holds more than)
+MAGPIE_FILES = {
+    "magpie-bf16.jsonl.gz": ("magpie-prompts-bf16.jsonl.gz", 11000),
+    "magpie-steered-bf16.jsonl.gz": ("magpie-steered-prompts-bf16.jsonl.gz", 2900),
+}
 FIRST_TURN_FILES = [
     name for name, (_, max_turns, decoding, _) in FILES.items() if max_turns == 1 and decoding is GREEDY
 ]
@@ -128,6 +131,10 @@ def test_magpie_answers_answer_the_prompts_the_target_wrote(answers_file):
     prompts_file, more_than = MAGPIE_FILES[answers_file]
     prompts = {record["index"]: record for record in read_records(prompts_file)}
     assert all(record["source"] == "magpie" and record["model"] == TARGET for record in prompts.values())
+    for record in prompts.values():
+        if "prompt_start" in record:  # steered (`--prompt-starts`): the prompt opens with the words it was given
+            assert record["prompt_start"] in record["prompt_starts"]
+            assert user_turns(record)[0].startswith(record["prompt_start"])
     answers = read_records(answers_file)
     indices = [record["index"] for record in answers]
     assert len(answers) > more_than and len(set(indices)) == len(indices) and set(indices) <= set(prompts)
