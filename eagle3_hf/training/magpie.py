@@ -286,10 +286,10 @@ def magpie_prompts(
 
     Each batch is one `generate` call on a `[batch_size, P]` long tensor: the P ids of the user prefix
     (`user_turn_template`), the same in every row, or with `prompt_starts` the prefix and one start per row
-    (`generate_replies` left-pads the shorter rows). Rows stop at an EOS or end-of-turn id. Candidates are stripped and filtered by `PromptFilter`, in this order: cut off by
-    `max_tokens`, template markup, shorter than `min_tokens` or longer than `max_tokens` tokens, a duplicate or
-    near-duplicate (`DuplicateFilter`) of a prompt kept earlier (in this run or in the file), overlapping the
-    evaluation sets (`EvaluationIndex`).
+    (`generate_replies` left-pads the shorter rows). Rows stop at an EOS or end-of-turn id. Candidates are stripped
+    and filtered by `PromptFilter`, in this order: cut off by `max_tokens`, template markup, shorter than
+    `min_tokens` or longer than `max_tokens` tokens, a duplicate or near-duplicate (`DuplicateFilter`) of a prompt
+    kept earlier (in this run or in the file), overlapping the evaluation sets (`EvaluationIndex`).
 
     Args:
         model, tokenizer: the target and its tokenizer (which needs a chat template).
@@ -338,11 +338,12 @@ def magpie_prompts(
     settings = dict(source="magpie", model=model.name_or_path, seed=seed, prefix=template.prefix)
     settings |= dict(temperature=temperature, top_p=top_p, top_k=top_k, min_tokens=min_tokens, max_tokens=max_tokens)
     settings |= dict(near_duplicate_threshold=near_duplicate_threshold, evaluation_sets=evaluation_index.datasets)
-    settings["prompt_starts"] = starts or None
     written = read_appended_records(output_path, "prompt record")
-    _check_resume(output_path, written, settings)
-    if not starts:  # plain Magpie records carry no `prompt_starts` (files written before the option existed)
-        del settings["prompt_starts"]
+    # A plain run must not resume a steered file (nor the reverse); plain records carry no `prompt_starts`, as
+    # files written before the option existed.
+    _check_resume(output_path, written, {**settings, "prompt_starts": starts or None})
+    if starts:
+        settings["prompt_starts"] = starts
     filters = PromptFilter(tokenizer, template, min_tokens, max_tokens, near_duplicate_threshold, evaluation_index)
     for record in written:
         filters.duplicates.add(record["messages"][-1]["content"])
