@@ -27,10 +27,11 @@ FILES = {
     "sharegpt-turns3-bf16.jsonl.gz": ({"bfloat16"}, 3, GREEDY, 2000),
     "sharegpt-sampled-bf16.jsonl.gz": ({"bfloat16"}, 7, SAMPLED, 1500),
 }
-# Magpie data (sessions 26-31): answers file -> (the prompts file `eagle3-hf magpie` wrote, a count it holds more than)
+# Magpie data (sessions 26-32): answers file -> (the prompts file `eagle3-hf magpie` wrote, a count it holds more than)
 MAGPIE_FILES = {
     "magpie-bf16.jsonl.gz": ("magpie-prompts-bf16.jsonl.gz", 11000),
     "magpie-steered-bf16.jsonl.gz": ("magpie-steered-prompts-bf16.jsonl.gz", 2900),
+    "magpie-steered2-bf16.jsonl.gz": ("magpie-steered2-prompts-bf16.jsonl.gz", 3400),
 }
 FIRST_TURN_FILES = [
     name for name, (_, max_turns, decoding, _) in FILES.items() if max_turns == 1 and decoding is GREEDY
