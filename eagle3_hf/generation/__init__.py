@@ -6,6 +6,7 @@
 - `decoding`: `eagle3_generate`, the tree loop; `integration`: the `generate(assistant_model=...)` hook;
 - `candidate_generator`: chain mode in Transformers' own assisted loop;
 - `cpu_packing`, `gqa_attention`: the CPU fast path (MKL-packed weights, grouped-query SDPA under tree masks).
+- `draft_precision`: on CPU, the head drafts with a bfloat16 copy where that is timed faster.
 - `cuda_attention`: on CUDA, the masked tree and draft forwards run without cuDNN's per-shape SDPA plans.
 
 Importing this package installs the narrow `GenerationMixin.generate` wrapper (see `integration.py`) that sends

@@ -28,6 +28,7 @@ from ..target import gather_target_features
 from .cost_model import PLAIN_STEP, PlannerConfig, RoundPlanner, TreeShape
 from .cpu_packing import is_packable_target, pack_for_tree_decoding
 from .cuda_attention import speculative_attention_kernels
+from .draft_precision import drafting_head
 from .drafter import TreeDrafter
 from .kv_cache import end_past_recording, keep_tree_entries
 from .lookup import prompt_lookup_chain
@@ -241,6 +242,7 @@ def eagle3_generate(
     tree_sampled_draft: bool = True,
     tree_adaptive: bool | None = None,
     tree_pack_weights: bool | None = None,
+    tree_draft_dtype: torch.dtype | str | None = None,
     tree_planner: RoundPlanner | None = None,
     tree_adapt_threads: bool | ThreadChooser | None = None,
     eagle3_streamer=None,
@@ -277,6 +279,11 @@ def eagle3_generate(
             linear weights for the row counts tree decoding uses and switch `sdpa` to grouped-query SDPA
             (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
             place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
+        tree_draft_dtype (`torch.dtype` or `str`, *optional*): the dtype the head drafts in (`"bfloat16"`,
+            `torch.float32`, ...): a copy of the head in that dtype, kept for later calls, drafts the rounds; the head
+            itself is left as it is. The default `"auto"` drafts with a bfloat16 copy of a float32 head on CPU where
+            that is timed faster (memory-bound few-row products; `draft_precision`), else with the head. The output
+            does not depend on it (the target verifies every token).
         tree_planner ([`RoundPlanner`], *optional*): the planner to ask for each round's shape (anything with its
             `choose(confidence=)`, `record_plain`, `record_deferred_update` and `record_tree(..., confidence=,
             blind=)` methods); implies `tree_adaptive`. By default each head and target keep one planner per shape
@@ -299,7 +306,7 @@ def eagle3_generate(
     settings = resolve_tree_settings(draft_model, tree_total_tokens, tree_depth, tree_top_k, tree_lookup_tokens)
     pinned = any(value is not None for value in (tree_total_tokens, tree_depth, tree_top_k))
     adaptive = not pinned if tree_adaptive is None else bool(tree_adaptive)
-    draft = prepare_draft(draft_model, model)
+    draft = drafting_head(prepare_draft(draft_model, model), tree_draft_dtype, rows=settings.top_k)
     planner = _prepare_rounds(model, draft, settings, adaptive, tree_pack_weights, tree_planner, generation_config)
     threads = _thread_chooser(model, draft, planner, tree_planner, tree_adapt_threads)
     sampled_draft = bool(tree_sampled_draft and generation_config.do_sample)
