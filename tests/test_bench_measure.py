@@ -246,3 +246,15 @@ def test_bench_command_rejects_tree_lookup_without_lookup_tokens(capsys):
     with pytest.raises(SystemExit):  # before loading any model
         main(["--tree-lookup-tokens", "0"])
     assert "--tree-lookup-tokens 0: expected >= 1" in capsys.readouterr().err
+
+
+def test_bench_command_rejects_a_wrong_draft_dtype_and_passes_a_right_one_to_generate(capsys):
+    from eagle3_hf.commands.bench import main, make_parser, tree_kwargs_from_args
+
+    with pytest.raises(SystemExit):  # before loading any model
+        main(["--draft-dtype", "int8"])
+    assert "--draft-dtype int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err
+    assert (
+        tree_kwargs_from_args(make_parser().parse_args(["--draft-dtype", "float32"]))["tree_draft_dtype"] == "float32"
+    )
+    assert "tree_draft_dtype" not in tree_kwargs_from_args(make_parser().parse_args([]))  # auto: generate's default

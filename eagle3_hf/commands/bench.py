@@ -50,6 +50,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="prompt-lookup tokens grafted onto each tree by the tree_lookup method (default: the head's "
         f"generation_config.tree_lookup_tokens, else {TREE_LOOKUP_TOKENS})",
     )
+    parser.add_argument(
+        "--draft-dtype",
+        default="auto",
+        help="dtype the head drafts in (generate's tree_draft_dtype): 'auto' (a bfloat16 copy on CPU where timed "
+        "faster), 'float32', 'bfloat16', ...",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_pack_weights_argument(parser, "the row counts each method verifies")
@@ -68,6 +74,7 @@ def tree_kwargs_from_args(args) -> dict:
         "tree_top_k": args.tree_top_k,
         "tree_lookup_tokens": args.tree_lookup_tokens,
         "tree_pack_weights": False if args.pack_weights == "off" else None,
+        "tree_draft_dtype": None if args.draft_dtype == "auto" else args.draft_dtype,
     }
     return {name: value for name, value in names.items() if value is not None}
 
@@ -89,6 +96,16 @@ def pack_for_methods(target, draft, args, tree) -> str:
     if "adaptive" in args.methods:  # trees up to two levels deeper; plain steps' tokens re-encoded in one batch
         draft_rows.extend(range(2, max(tree.depth + 2, 4) + 2))
     return pack_for_decoding(target, draft, target_rows, draft_rows, args.pack_weights)
+
+
+def drafting_dtype(target, draft, tree, requested: str) -> str:
+    """The dtype `generate` drafts in with `tree_draft_dtype=requested` (for `"auto"` decided here, once, as the
+    first generate call would, and kept for every later call), for the report."""
+    from ..generation.decoding import prepare_draft
+    from ..generation.draft_precision import drafting_head
+
+    head = drafting_head(prepare_draft(draft, target), requested, rows=tree.top_k)
+    return str(head.fc.weight.dtype).removeprefix("torch.")
 
 
 def bench_tree_settings(draft, args):
@@ -138,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--tree-lookup-tokens {args.tree_lookup_tokens}: expected >= 1 (the tree method is the tree alone)"
         )
+    from ..generation.draft_precision import resolve_draft_dtype
+
+    try:
+        resolve_draft_dtype(args.draft_dtype)
+    except ValueError:
+        parser.error(f"--draft-dtype {args.draft_dtype}: expected 'auto' or a floating dtype name (float32, bfloat16)")
     import torch
 
     from ..bench.measure import run_benchmark, summarize
@@ -152,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if "tree_lookup" in args.methods:  # every generate call grafts what the packed rows and the summary assume
         args.tree_lookup_tokens = tree.lookup_tokens
     packing = pack_for_methods(target, draft, args, tree)
+    packing += f", the head drafting in {drafting_dtype(target, draft, tree, args.draft_dtype)}"
     print(f"target and head: {packing}")
     prompts = load_prompts(args.datasets, args.limit, num_turns=args.turns, offset=args.offset)
     records = run_benchmark(

@@ -20,18 +20,18 @@ faster than the head itself (`low_precision_pays`), so a CPU without fast bfloat
 """
 
 import copy
-import logging
 import statistics
 import time
 import weakref
 
 import torch
+from transformers.utils import logging
 
 from ..modeling_eagle3 import Eagle3DraftModel
 from .cpu_packing import unpack_linear_weights
 
 
-logger = logging.getLogger(__name__)
+logger = logging.get_logger(__name__)
 
 # a float32 head on CPU drafts in this dtype where it is measured faster
 CPU_DRAFT_DTYPE = torch.bfloat16
