@@ -18,8 +18,11 @@ the paragraph to summarise, which prompt lookup copies from.
     .venv/bin/python scripts/measure_round_overhead.py --pack-weights on        # MKL-packed weights (cpu_packing)
     .venv/bin/python scripts/measure_round_overhead.py --head model_cards/eagle3-SmolLM2-135M-Instruct --mt-bench 8 \
         --threads 2 --repeats 1 --new-tokens 64 --pack-weights auto --shapes 8x3x8,12x4x8   # the shipped head
+    .venv/bin/python scripts/measure_round_overhead.py --head model_cards/eagle3-SmolLM2-135M-Instruct --mt-bench 40 \
+        --threads 2 --repeats 1 --new-tokens 96 --pack-weights auto --shapes 12x4x8 --draft-dtypes float32 bfloat16
 
-Shapes are `total_tokens x depth x top_k`. Steps and rounds are timed with a streamer (one `put` per plain step,
+Shapes are `total_tokens x depth x top_k`; `--draft-dtypes` runs each in every dtype listed (`generate`'s
+`tree_draft_dtype`: `auto`, the default, or a dtype the head drafts in). Steps and rounds are timed with a streamer (one `put` per plain step,
 one per tree round), so each includes all the per-step work of its loop. Runs are interleaved (plain, then every
 shape, repeated); the fastest step and the fastest round are compared, because other processes on a small machine
 only ever slow a step down (the median is printed too, to show how noisy the machine was). Tokens per second follow
@@ -37,6 +40,7 @@ from eagle3_hf.bench.measure import StepClock, encode_chat
 from eagle3_hf.bench.prompts import load_mt_bench
 from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
+from eagle3_hf.generation.draft_precision import resolve_draft_dtype
 from eagle3_hf.loading import load_default_pair, load_target
 
 
@@ -55,7 +59,9 @@ def plain_step_seconds(target, input_ids, new_tokens: int) -> list[float]:
     return clock.intervals()
 
 
-def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[int, int, int]) -> tuple[dict, float]:
+def tree_round_seconds(
+    target, draft, input_ids, new_tokens: int, shape: tuple[int, int, int], draft_dtype: str = "auto"
+) -> tuple[dict, float]:
     """The time of every round, and of every part of a round, for one tree shape (pinned: no plain steps), and the
     generation's tau.
 
@@ -75,6 +81,7 @@ def tree_round_seconds(target, draft, input_ids, new_tokens: int, shape: tuple[i
         tree_depth=depth,
         tree_top_k=top_k,
         tree_pack_weights=False,  # packed (or not) by main, as --pack-weights says
+        tree_draft_dtype=draft_dtype,
         streamer=clock,
         return_dict_in_generate=True,
     )
@@ -99,6 +106,9 @@ def main() -> None:
         "--mt-bench", type=int, default=0, help="prompts: the first turns of this many MT-bench questions"
     )
     parser.add_argument(
+        "--draft-dtypes", nargs="+", default=["auto"], help="dtypes the head drafts in (tree_draft_dtype), each timed"
+    )
+    parser.add_argument(
         "--pack-weights",
         default="off",
         choices=["auto", "on", "off"],
@@ -106,6 +116,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for dtype in args.draft_dtypes:
+        try:
+            resolve_draft_dtype(dtype)
+        except ValueError:
+            parser.error(f"--draft-dtypes {dtype}: expected 'auto' or a floating dtype name (float32, bfloat16)")
+    runs_of = [(shape, dtype) for shape in shapes for dtype in args.draft_dtypes]
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -133,15 +149,15 @@ def main() -> None:
     )
 
     target.generate(prompts[0], assistant_model=draft, max_new_tokens=4)  # warm-up
-    plain, runs, taus = [], {shape: {} for shape in shapes}, {shape: [] for shape in shapes}
+    plain, runs, taus = [], {run: {} for run in runs_of}, {run: [] for run in runs_of}
     for _ in range(args.repeats):
         for input_ids in prompts:
             plain.extend(plain_step_seconds(target, input_ids, args.new_tokens))
-            for shape in shapes:
-                timings, tau = tree_round_seconds(target, draft, input_ids, args.new_tokens, shape)
+            for shape, dtype in runs_of:
+                timings, tau = tree_round_seconds(target, draft, input_ids, args.new_tokens, shape, dtype)
                 for part, values in timings.items():
-                    runs[shape].setdefault(part, []).extend(values)
-                taus[shape].append(tau)
+                    runs[shape, dtype].setdefault(part, []).extend(values)
+                taus[shape, dtype].append(tau)
     # Other processes only ever slow a step down, so the fastest of many comparable steps (or rounds, or parts)
     # estimates the undisturbed cost; the median shows how noisy the machine was.
     step, mean_step = min(plain), statistics.mean(plain)
@@ -150,19 +166,20 @@ def main() -> None:
         f"{mean_step * 1000:.1f} ms mean\n"
     )
     print(
-        "| total x depth x top_k | round ms (median) | round / step | grow | verify | draft update | other "
-        "| mean round ms: grow + verify + update + other | mean round / mean step | tau |"
+        "| total x depth x top_k | head drafts in | round ms (median) | round / step | grow | verify | draft update "
+        "| other | mean round ms: grow + verify + update + other | mean round / mean step | tau |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for shape in shapes:
-        ms = {part: min(values) * 1000 for part, values in runs[shape].items()}
-        mean = {part: statistics.mean(values) * 1000 for part, values in runs[shape].items()}
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape, dtype in runs_of:
+        ms = {part: min(values) * 1000 for part, values in runs[shape, dtype].items()}
+        mean = {part: statistics.mean(values) * 1000 for part, values in runs[shape, dtype].items()}
         parts = " + ".join(f"{mean[part]:.1f}" for part in ("grow", "verify", "draft_update", "other"))
         print(
-            f"| {'x'.join(map(str, shape))} | {ms['round']:.1f} ({statistics.median(runs[shape]['round']) * 1000:.0f}) "
+            f"| {'x'.join(map(str, shape))} | {dtype} "
+            f"| {ms['round']:.1f} ({statistics.median(runs[shape, dtype]['round']) * 1000:.0f}) "
             f"| {ms['round'] / 1000 / step:.2f} | {ms['grow']:.1f} | {ms['verify']:.1f} | {ms['draft_update']:.1f} "
             f"| {ms['other']:.2f} | {mean['round']:.1f}: {parts} | {mean['round'] / 1000 / mean_step:.2f} "
-            f"| {statistics.mean(taus[shape]):.2f} |"
+            f"| {statistics.mean(taus[shape, dtype]):.2f} |"
         )
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
