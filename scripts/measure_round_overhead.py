@@ -22,8 +22,8 @@ the paragraph to summarise, which prompt lookup copies from.
         --threads 2 --repeats 1 --new-tokens 96 --pack-weights auto --shapes 12x4x8 --draft-dtypes float32 bfloat16
 
 Shapes are `total_tokens x depth x top_k`; `--draft-dtypes` runs each in every dtype listed (`generate`'s
-`tree_draft_dtype`: `auto`, the default, or a dtype the head drafts in). Steps and rounds are timed with a streamer (one `put` per plain step,
-one per tree round), so each includes all the per-step work of its loop. Runs are interleaved (plain, then every
+`tree_draft_dtype`: `auto`, the default, or a dtype the head drafts in). Steps and rounds are timed with a streamer
+(one `put` per plain step, one per tree round), so each includes all the per-step work of its loop. Runs are interleaved (plain, then every
 shape, repeated); the fastest step and the fastest round are compared, because other processes on a small machine
 only ever slow a step down (the median is printed too, to show how noisy the machine was). Tokens per second follow
 the mean, which is printed beside them (`mean round / mean step` is what a head's tau must beat on a quiet machine).
@@ -38,9 +38,9 @@ import torch
 from eagle3_hf import Eagle3DraftModel
 from eagle3_hf.bench.measure import StepClock, encode_chat
 from eagle3_hf.bench.prompts import load_mt_bench
+from eagle3_hf.commands import check_draft_dtype
 from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_trees
-from eagle3_hf.generation.draft_precision import resolve_draft_dtype
 from eagle3_hf.loading import load_default_pair, load_target
 
 
@@ -117,10 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     for dtype in args.draft_dtypes:
-        try:
-            resolve_draft_dtype(dtype)
-        except ValueError:
-            parser.error(f"--draft-dtypes {dtype}: expected 'auto' or a floating dtype name (float32, bfloat16)")
+        check_draft_dtype(parser, "--draft-dtypes", dtype)
     runs_of = [(shape, dtype) for shape in shapes for dtype in args.draft_dtypes]
     if args.threads:
         torch.set_num_threads(args.threads)

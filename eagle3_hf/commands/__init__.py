@@ -17,3 +17,14 @@ def add_pack_weights_argument(parser, rows: str) -> None:
         "with float32, for the row counts where packing measurably pays on this machine; plain decoding's one-row steps "
         "are unaffected)",
     )
+
+
+def check_draft_dtype(parser, option: str, value: str) -> None:
+    """Exit through `parser.error` unless `value` names a dtype the head can draft in (`generate`'s
+    `tree_draft_dtype`: 'auto' or a floating dtype name); checked before any model is loaded."""
+    from ..generation.draft_precision import resolve_draft_dtype
+
+    try:
+        resolve_draft_dtype(value)
+    except ValueError:
+        parser.error(f"{option} {value}: expected 'auto' or a floating dtype name (float32, bfloat16)")

@@ -11,7 +11,7 @@ import sys
 
 from ..bench.measure import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
 from ..loading import DEFAULT_TARGET
-from . import add_pack_weights_argument
+from . import add_pack_weights_argument, check_draft_dtype
 from .arguments import TARGET_DTYPES, TARGET_HELP
 
 
@@ -155,12 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--tree-lookup-tokens {args.tree_lookup_tokens}: expected >= 1 (the tree method is the tree alone)"
         )
-    from ..generation.draft_precision import resolve_draft_dtype
-
-    try:
-        resolve_draft_dtype(args.draft_dtype)
-    except ValueError:
-        parser.error(f"--draft-dtype {args.draft_dtype}: expected 'auto' or a floating dtype name (float32, bfloat16)")
+    check_draft_dtype(parser, "--draft-dtype", args.draft_dtype)
     import torch
 
     from ..bench.measure import run_benchmark, summarize
