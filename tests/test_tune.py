@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from eagle3_hf.bench.prompts import EvalPrompt
 from eagle3_hf.commands.tune import save_tree_settings, sweep, valid_shapes
@@ -58,3 +59,34 @@ def test_save_tree_settings_keeps_the_other_keys(tmp_path):
     (tmp_path / "new").mkdir()
     save_tree_settings(tmp_path / "new", best)  # no generation_config.json yet
     assert json.loads((tmp_path / "new" / "generation_config.json").read_text())["tree_lookup_tokens"] == 4
+
+
+def test_sweep_drafts_in_the_requested_dtype_and_reports_it(tiny_target, tiny_draft, monkeypatch):
+    from eagle3_hf.generation import decoding
+
+    requested = []
+    real = decoding.drafting_head
+
+    def spy(draft, dtype=None, rows=8):
+        requested.append(dtype)
+        return real(draft, dtype, rows=rows)
+
+    monkeypatch.setattr(decoding, "drafting_head", spy)
+    prompts = [EvalPrompt("mt_bench", "1", "writing", ["w1 w2 w3"])]
+    tokenizer = make_word_tokenizer()
+    results = sweep(
+        tiny_target, tokenizer, tiny_draft, prompts, [(4, 2, 2)], 4, progress=False, draft_dtype="bfloat16"
+    )
+    assert results[0]["draft_dtype"] == "bfloat16" and requested == ["bfloat16"]
+    requested.clear()
+    results = sweep(tiny_target, tokenizer, tiny_draft, prompts, [(4, 2, 2)], 4, progress=False)
+    assert results[0]["draft_dtype"] == "float32" and requested == [None]  # auto: generate's default
+    assert tiny_draft.fc.weight.dtype == torch.float32  # the caller's head keeps its dtype
+
+
+def test_tune_refuses_a_wrong_draft_dtype_before_loading(capsys):
+    from eagle3_hf.commands.tune import main
+
+    with pytest.raises(SystemExit):
+        main(["--draft-dtype", "int8"])
+    assert "--draft-dtype int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import sys
 
 from ..bench.measure import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
 from ..loading import DEFAULT_TARGET
-from . import add_pack_weights_argument, check_draft_dtype
+from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype
 from .arguments import TARGET_DTYPES, TARGET_HELP
 
 
@@ -50,12 +50,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="prompt-lookup tokens grafted onto each tree by the tree_lookup method (default: the head's "
         f"generation_config.tree_lookup_tokens, else {TREE_LOOKUP_TOKENS})",
     )
-    parser.add_argument(
-        "--draft-dtype",
-        default="auto",
-        help="dtype the head drafts in (generate's tree_draft_dtype): 'auto' (a bfloat16 copy on CPU where timed "
-        "faster), 'float32', 'bfloat16', ...",
-    )
+    add_draft_dtype_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_pack_weights_argument(parser, "the row counts each method verifies")

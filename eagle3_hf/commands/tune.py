@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from ..loading import DEFAULT_TARGET
-from . import add_pack_weights_argument
+from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype
 from .arguments import TARGET_HELP
 
 
@@ -35,6 +35,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling (sampled trees)")
     parser.add_argument("--seeds", type=int, default=1, help="sampling seeds per prompt (temperature > 0)")
     add_pack_weights_argument(parser, "every swept shape's row counts")
+    add_draft_dtype_argument(parser)
     parser.add_argument("--output", default="outputs/tune.json")
     parser.add_argument("--save", action="store_true", help="store the winner in the head's generation_config.json")
     return parser
@@ -53,19 +54,26 @@ def sweep(
     temperature: float = 0.0,
     seeds: int = 1,
     progress: bool = True,
+    draft_dtype: str = "auto",
 ) -> list[dict]:
     """Measure tokens/s and tau of every `(total_tokens, depth, top_k, lookup_tokens)` shape (a 3-tuple means no
     lookup tokens); plain `generate` as reference. At `temperature > 0` every prompt is sampled `seeds` times (with
-    sampled trees, as `generate` does by default). Returns one dict per shape (`SHAPE_KEYS`, `tokens_per_second`,
-    `speedup`, `tau`, `generations`), fastest first."""
+    sampled trees, as `generate` does by default). `draft_dtype` is `generate`'s `tree_draft_dtype`. Returns one
+    dict per shape (`SHAPE_KEYS`, `draft_dtype` (the dtype the head drafted in), `tokens_per_second`, `speedup`,
+    `tau`, `generations`), fastest first."""
     from tqdm.auto import tqdm
 
     from ..bench.measure import run_benchmark, summarize
+    from ..generation.decoding import TreeSettings
+    from .bench import drafting_dtype
 
     results = []
     for shape in tqdm(shapes, desc="tree shapes", disable=not progress):
-        tree_kwargs = dict(zip(SHAPE_KEYS, (*shape, 0)[:4]))
-        method = "tree_lookup" if tree_kwargs["tree_lookup_tokens"] else "tree"
+        shape_kwargs = dict(zip(SHAPE_KEYS, (*shape, 0)[:4]))
+        tree_kwargs = {**shape_kwargs, **_draft_dtype_kwargs(draft_dtype)}
+        # "auto" is decided once per head and frontier width (top_k): the dtype every run of this shape drafted in
+        drafted_in = drafting_dtype(target, draft, TreeSettings(*shape[:3]), draft_dtype)
+        method = "tree_lookup" if shape_kwargs["tree_lookup_tokens"] else "tree"
         records = []
         for seed in range(seeds):  # sampled answers differ by seed; every seed samples plain and the tree alike
             records += run_benchmark(
@@ -89,7 +97,8 @@ def sweep(
         plain_speed = sum(r["new_tokens"] for r in plain) / sum(r["seconds"] for r in plain)
         results.append(
             {
-                **tree_kwargs,
+                **shape_kwargs,
+                "draft_dtype": drafted_in,
                 "tokens_per_second": tokens / seconds,
                 "speedup": tokens / seconds / plain_speed,
                 "tau": _pooled_tau(rows),
@@ -100,9 +109,23 @@ def sweep(
     return sorted(results, key=lambda r: -r["speedup"])
 
 
-def measure_adaptive(target, tokenizer, draft, prompts, shape: dict, max_new_tokens: int, temperature: float) -> dict:
+def _draft_dtype_kwargs(draft_dtype: str) -> dict:
+    """`generate`'s `tree_draft_dtype` for a `--draft-dtype` value (none for "auto", generate's default)."""
+    return {} if draft_dtype == "auto" else {"tree_draft_dtype": draft_dtype}
+
+
+def measure_adaptive(
+    target,
+    tokenizer,
+    draft,
+    prompts,
+    shape: dict,
+    max_new_tokens: int,
+    temperature: float,
+    draft_dtype: str = "auto",
+) -> dict:
     """Speedup and tau of `generate`'s adaptive planner starting from `shape` (a `sweep` row), against plain
-    `generate` interleaved on the same prompts."""
+    `generate` interleaved on the same prompts; the head drafts in `draft_dtype` (`generate`'s `tree_draft_dtype`)."""
     from ..bench.measure import run_benchmark, summarize
 
     start = {key: shape[key] for key in SHAPE_KEYS}
@@ -114,7 +137,7 @@ def measure_adaptive(target, tokenizer, draft, prompts, shape: dict, max_new_tok
         methods=["plain", "adaptive"],
         temperatures=[temperature],
         max_new_tokens=max_new_tokens,
-        tree_kwargs=start,
+        tree_kwargs={**start, **_draft_dtype_kwargs(draft_dtype)},
         warmup=1,
         progress=False,
     )
@@ -165,7 +188,9 @@ def save_tree_settings(head_dir: Path, settings: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    check_draft_dtype(parser, "--draft-dtype", args.draft_dtype)
     from ..bench.prompts import load_prompts
     from ..generation.cpu_packing import pack_for_decoding, rows_for_trees
     from ..loading import DEFAULT_HEAD_DIR, load_default_pair
@@ -182,7 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(*shape, lookup_tokens) for shape in shapes for lookup_tokens in args.lookup_tokens]
     target, tokenizer, draft = load_default_pair(args.head, target=args.target)
     print(pack_for_decoding(target, draft, *rows_for_trees(shapes), args.pack_weights))
-    results = sweep(target, tokenizer, draft, prompts, shapes, args.max_new_tokens, args.temperature, args.seeds)
+    results = sweep(
+        target,
+        tokenizer,
+        draft,
+        prompts,
+        shapes,
+        args.max_new_tokens,
+        args.temperature,
+        args.seeds,
+        draft_dtype=args.draft_dtype,
+    )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
     for row in results[:10]:
@@ -190,11 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     best = results[0]
     print(
         f"fastest: total_tokens={best['tree_total_tokens']} depth={best['tree_depth']} top_k={best['tree_top_k']}"
-        f" lookup_tokens={best['tree_lookup_tokens']}"
+        f" lookup_tokens={best['tree_lookup_tokens']} (the head drafting in {best['draft_dtype']})"
         f" -> {best['tokens_per_second']:.1f} tokens/s, {best['speedup']:.2f}x, tau {best['tau']}"
     )
     # What users get: generate's own planner, starting from the winner and picking each round's shape from there.
-    adaptive = measure_adaptive(target, tokenizer, draft, prompts, best, args.max_new_tokens, args.temperature)
+    adaptive = measure_adaptive(
+        target, tokenizer, draft, prompts, best, args.max_new_tokens, args.temperature, args.draft_dtype
+    )
     print(f"adaptive default starting there (what generate does with it): {adaptive['speedup']:.2f}x")
     Path(args.output).write_text(json.dumps({"shapes": results, "adaptive_from_fastest": adaptive}, indent=1))
     if args.save:
