@@ -7,9 +7,11 @@ from torch import nn
 
 from eagle3_hf import Eagle3DraftModel
 from eagle3_hf.generation.cpu_packing import (
-    MklPackedLinear,
+    PackedLinear,
     mkl_packing_available,
     pack_linear_weights,
+    packing_available,
+    packing_kernels,
     time_linear_products,  # the real one: conftest makes packing pay in other tests
     unpack_linear_weights,
 )
@@ -17,16 +19,20 @@ from eagle3_hf.generation.cpu_packing import (
 from .conftest import make_tiny_target
 
 
-pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL")
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this PyTorch build has neither MKL nor oneDNN")
+needs_mkl = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL")
+KERNELS = [pytest.param(kernel) for kernel in packing_kernels()]
 
 
-def test_packed_rows_match_linear_and_other_rows_are_bit_identical():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_packed_rows_match_linear_and_other_rows_are_bit_identical(kernel):
     torch.manual_seed(0)
     layer = nn.Linear(48, 80)
     stock = copy.deepcopy(layer)
     weight = layer.weight
-    assert pack_linear_weights(layer, [6]) == 1
-    assert type(layer) is MklPackedLinear and layer.weight is weight  # same module, same parameter
+    assert pack_linear_weights(layer, [6], kernel) == 1
+    assert type(layer) is PackedLinear and layer.weight is weight  # same module, same parameter
+    assert layer._packs[6][0] == kernel
     assert set(layer.state_dict()) == {"weight", "bias"}
     packed_input = torch.randn(2, 3, 48)  # 6 rows: the packed kernel
     torch.testing.assert_close(layer(packed_input), stock(packed_input), rtol=1e-5, atol=1e-5)
@@ -35,9 +41,10 @@ def test_packed_rows_match_linear_and_other_rows_are_bit_identical():
         assert torch.equal(layer(x), stock(x))
 
 
-def test_a_modified_weight_is_repacked_not_served_stale():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_modified_weight_is_repacked_not_served_stale(kernel):
     layer = nn.Linear(16, 24, bias=False)
-    pack_linear_weights(layer, [4])
+    pack_linear_weights(layer, [4], kernel)
     x = torch.randn(4, 16)
     with torch.no_grad():
         layer.weight.mul_(-2.0)
@@ -54,26 +61,32 @@ def test_gradients_take_the_stock_path():
     assert x.grad is not None and layer.weight.grad is not None
 
 
+@needs_mkl
 def test_bad_requests_raise_and_unpack_restores_plain_linears():
     model = make_tiny_target()
     with pytest.raises(ValueError, match=">= 2"):
         pack_linear_weights(model, [1])
+    with pytest.raises(ValueError, match="kernel='blas'; expected one of"):
+        pack_linear_weights(model, [4], "blas")
     with pytest.raises(ValueError, match="float32"):
         pack_linear_weights(copy.deepcopy(model).to(torch.bfloat16), [4])
     count = pack_linear_weights(model, [4, 8])
-    assert count == sum(isinstance(m, nn.Linear) for m in model.modules()) and "packed_rows=[4, 8]" in repr(model)
+    assert count == sum(isinstance(m, nn.Linear) for m in model.modules()) and "packed_rows={4: mkl, 8: mkl}" in repr(
+        model
+    )
     assert unpack_linear_weights(model) == count
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
 
 
-def test_tree_decoding_on_packed_models_equals_plain_generate():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_tree_decoding_on_packed_models_equals_plain_generate(kernel):
     target = make_tiny_target()
     torch.manual_seed(1)
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
     prompt = torch.randint(0, 128, (1, 9))
     plain = target.generate(prompt, do_sample=False, max_new_tokens=20)
-    pack_linear_weights(target, [6])
-    pack_linear_weights(draft, [2, 3])
+    pack_linear_weights(target, [6], kernel)
+    pack_linear_weights(draft, [2, 3], kernel)
     assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=20), plain)  # 1-row steps: stock
     tree = target.generate(
         prompt,
@@ -87,6 +100,7 @@ def test_tree_decoding_on_packed_models_equals_plain_generate():
     assert torch.equal(tree, plain)
 
 
+@needs_mkl
 def test_rows_for_tree_and_pack_for_decoding_modes():
     from eagle3_hf.generation.cpu_packing import pack_for_decoding, rows_for_tree, rows_for_trees
 
@@ -97,13 +111,15 @@ def test_rows_for_tree_and_pack_for_decoding_modes():
     target = make_tiny_target()
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
     assert pack_for_decoding(target, draft, [8], [2], "off") == "stock weights"
-    assert not any(type(m) is MklPackedLinear for m in target.modules())
+    assert not any(type(m) is PackedLinear for m in target.modules())
     assert pack_for_decoding(target.to(torch.bfloat16), draft, [8], [2], "auto") == "stock weights"
     target.float()
-    description = pack_for_decoding(target, draft, [8, 6], [2], "on")
-    assert description == "MKL-packed weights (target rows [6, 8], head rows [2]); grouped-query SDPA under tree masks"
+    description = pack_for_decoding(target, draft, [8, 6], [2], "on")  # conftest: MKL the fastest packed kernel
+    assert description == (
+        "packed weights (target rows [6, 8] MKL, head rows [2] MKL); grouped-query SDPA under tree masks"
+    )
     assert target.config._attn_implementation == draft.config._attn_implementation == "eagle3_grouped_sdpa"
-    assert type(target.lm_head) is MklPackedLinear and type(draft.fc) is MklPackedLinear
+    assert type(target.lm_head) is PackedLinear and type(draft.fc) is PackedLinear
     with pytest.raises(ValueError, match="pack mode"):
         pack_for_decoding(target, draft, [8], [2], "yes")
 
@@ -128,14 +144,15 @@ def test_the_commands_offer_the_pack_modes_pack_for_decoding_takes():
 
 
 def slower_packing_for(*rows_slower):
-    """A `time_linear_products` stand-in: packing 10% faster than stock, except 10% slower for `rows_slower`."""
+    """A `time_linear_products` stand-in: MKL packing 10% faster than stock, except 10% slower for `rows_slower`."""
 
     def timings(model, rows, repeats=5):
-        return 1.0, 1.1 if rows in rows_slower else 0.9
+        return {"stock": 1.0, "mkl": 1.1 if rows in rows_slower else 0.9}
 
     return timings
 
 
+@needs_mkl
 def test_auto_packs_only_the_row_counts_where_packing_measurably_pays(monkeypatch):
     from eagle3_hf.generation import cpu_packing
 
@@ -145,7 +162,7 @@ def test_auto_packs_only_the_row_counts_where_packing_measurably_pays(monkeypatc
     # row lists gathered from several methods repeat counts (bench's): each is named once, in order
     description = cpu_packing.pack_for_decoding(target, draft, [8, 6, 8], [3, 2, 3, 2], "auto")
     assert description == (
-        "MKL-packed weights (target rows [8], head rows [2]); stock for target rows [6], head rows [3] (packing "
+        "packed weights (target rows [8] MKL, head rows [2] MKL); stock for target rows [6], head rows [3] (packing "
         "measured no faster); grouped-query SDPA under tree masks"
     )
     assert cpu_packing.is_packed_for(target, 8) and not cpu_packing.is_packed_for(target, 6)
@@ -162,14 +179,14 @@ def test_generate_measures_once_and_keeps_stock_weights_where_packing_is_slower(
 
     def timings(model, rows, repeats=5):
         calls.append(rows)
-        return 1.0, 1.1  # packing slower for every row count
+        return {"stock": 1.0, **dict.fromkeys(packing_kernels(), 1.1)}  # packing slower for every row count
 
     monkeypatch.setattr(cpu_packing, "time_linear_products", timings)
     target = make_tiny_target()
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
     line = cpu_packing.pack_for_tree_decoding(target, draft, [8], max_depth=3, top_k=2)
     assert line.startswith("Tree decoding on CPU: stock weights for target rows [8], head rows [2, 3, 4]")
-    assert not any(type(module) is MklPackedLinear for module in [*target.modules(), *draft.modules()])
+    assert not any(type(module) is PackedLinear for module in [*target.modules(), *draft.modules()])
     assert target.config._attn_implementation == "eagle3_grouped_sdpa"
     measured = len(calls)
     assert cpu_packing.pack_for_tree_decoding(target, draft, [8], max_depth=3, top_k=2) is None  # settled
@@ -189,8 +206,8 @@ def test_time_linear_products_times_every_linear_layer_once_per_pass(monkeypatch
     shared = nn.Linear(64, 64)
     model = nn.Sequential(nn.Linear(64, 64), shared, nn.Linear(64, 32), shared)
     stock_calls = record_stock_linear_weights(monkeypatch)
-    stock, packed = time_linear_products(model, rows=8, repeats=3)
-    assert stock > 0 and packed > 0
+    seconds = time_linear_products(model, rows=8, repeats=3)
+    assert set(seconds) == {"stock", *packing_kernels()} and all(value > 0 for value in seconds.values())
     weights = [model[0].weight.data_ptr(), shared.weight.data_ptr(), model[2].weight.data_ptr()]
     assert stock_calls == weights * 4  # the untimed first pass, then one per repeat, in model order
     assert all(type(module) is nn.Linear for module in model)  # measured on temporary packs, the model untouched
@@ -205,3 +222,71 @@ def test_time_linear_products_stops_at_the_weight_budget(monkeypatch):
     stock_calls = record_stock_linear_weights(monkeypatch)
     time_linear_products(model, rows=8, repeats=1)
     assert stock_calls == [model[0].weight.data_ptr(), model[1].weight.data_ptr()] * 2
+
+
+def kernel_timings(per_rows: dict[int, dict[str, float]]):
+    """A `time_linear_products` stand-in: stock 1.0, the packed kernels `per_rows[rows]` (slower for other rows)."""
+
+    def timings(model, rows, repeats=5):
+        return {"stock": 1.0, **per_rows.get(rows, dict.fromkeys(packing_kernels(), 1.1))}
+
+    return timings
+
+
+def test_best_kernel_is_the_fastest_packed_one_where_it_saves_enough(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    monkeypatch.setattr(cpu_packing, "packing_kernels", lambda: ["mkl", "onednn"])
+    monkeypatch.setattr(
+        cpu_packing,
+        "time_linear_products",
+        kernel_timings(
+            {8: {"mkl": 1.02, "onednn": 0.55}, 4: {"mkl": 0.8, "onednn": 0.9}, 2: {"mkl": 0.97, "onednn": 0.96}}
+        ),
+    )
+    model = nn.Linear(8, 8)
+    assert cpu_packing.best_kernel(model, 8) == "onednn"  # AMD EPYC: MKL no faster than stock, oneDNN twice as fast
+    assert cpu_packing.best_kernel(model, 4) == "mkl"
+    assert cpu_packing.best_kernel(model, 2) is None  # 4% saved: below PACKING_MIN_SAVING
+    assert cpu_packing.fastest_packed_kernel(model, 2) == "onednn"  # what "on" packs with regardless
+    assert cpu_packing.measured_packing(model, [8, 2, 4, 8]) == ({4: "mkl", 8: "onednn"}, [2])
+    assert cpu_packing.describe_rows({8: "onednn", 3: "mkl", 2: "mkl"}) == "[2, 3] MKL, [8] oneDNN"
+    assert cpu_packing.describe_rows({}) == "[]"
+
+
+@pytest.mark.skipif(packing_kernels() != ["mkl", "onednn"], reason="needs both MKL and oneDNN")
+def test_auto_packs_each_row_count_with_its_fastest_kernel_and_decodes_losslessly(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    monkeypatch.setattr(
+        cpu_packing,
+        "time_linear_products",
+        kernel_timings({6: {"mkl": 0.9, "onednn": 0.5}, 2: {"mkl": 0.7, "onednn": 0.8}}),
+    )
+    target = make_tiny_target()
+    torch.manual_seed(1)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    description = cpu_packing.pack_for_decoding(target, draft, [6], [2], "auto")
+    assert description.startswith("packed weights (target rows [6] oneDNN, head rows [2] MKL)")
+    assert {module._packs[6][0] for module in target.modules() if type(module) is PackedLinear} == {"onednn"}
+    assert draft.fc._packs[2][0] == "mkl"
+    prompt = torch.randint(0, 128, (1, 9))
+    plain = target.generate(prompt, do_sample=False, max_new_tokens=20)  # one-row steps: stock
+    tree = target.generate(
+        prompt,
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=20,
+        tree_total_tokens=6,
+        tree_depth=3,
+        tree_top_k=2,
+    )
+    assert torch.equal(tree, plain)
+
+
+def test_packing_with_a_kernel_this_build_lacks_names_it(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    monkeypatch.setattr(cpu_packing, "packing_kernels", lambda: ["mkl"])
+    with pytest.raises(RuntimeError, match=r"kernel='onednn'\) needs a PyTorch build with oneDNN"):
+        pack_linear_weights(nn.Linear(4, 4), [2], "onednn")

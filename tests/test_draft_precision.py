@@ -146,18 +146,14 @@ def test_generate_refuses_a_wrong_draft_dtype_by_name(tiny_target, tiny_draft):
         )
 
 
-def test_a_packed_head_is_copied_without_its_packs_and_stays_packed(head):
-    from eagle3_hf.generation.cpu_packing import (
-        MklPackedLinear,
-        is_packed_for,
-        mkl_packing_available,
-        pack_linear_weights,
-    )
+@pytest.mark.parametrize("kernel", ["mkl", "onednn"])
+def test_a_packed_head_is_copied_without_its_packs_and_stays_packed(head, kernel):
+    from eagle3_hf.generation.cpu_packing import PackedLinear, is_packed_for, pack_linear_weights, packing_kernels
 
-    if not mkl_packing_available():
-        pytest.skip("MKL packing needs an MKL build of torch")
-    pack_linear_weights(head, [4])
+    if kernel not in packing_kernels():
+        pytest.skip(f"this build of torch cannot pack with {kernel}")
+    pack_linear_weights(head, [4], kernel)
     copied = low_precision_copy(head, torch.bfloat16)
-    assert is_packed_for(head, 4) and isinstance(head.lm_head, MklPackedLinear)
-    assert not any(isinstance(module, MklPackedLinear) for module in copied.modules())
+    assert is_packed_for(head, 4) and isinstance(head.lm_head, PackedLinear)
+    assert not any(isinstance(module, PackedLinear) for module in copied.modules())
     assert copied.lm_head.weight.dtype == torch.bfloat16

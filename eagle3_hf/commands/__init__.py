@@ -13,9 +13,9 @@ def add_pack_weights_argument(parser, rows: str) -> None:
         "--pack-weights",
         default="auto",
         choices=list(PACK_WEIGHTS_MODES),
-        help=f"MKL-pack the linear weights for {rows}, and switch sdpa models to grouped-query SDPA (auto: on CPU "
-        "with float32, for the row counts where packing measurably pays on this machine; plain decoding's one-row steps "
-        "are unaffected)",
+        help=f"pack the linear weights (MKL or oneDNN, the faster here) for {rows}, and switch sdpa models to "
+        "grouped-query SDPA (auto: on CPU with float32, for the row counts where packing measurably pays on this "
+        "machine; plain decoding's one-row steps are unaffected)",
     )
 
 

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in ("plain", "adaptive"):
         timed_generate(target, warm, method, 0.0, 8, draft, kwargs)
     if is_packed_for(target, tree.total_tokens):
-        print("weights: MKL-packed weights (by generate, for the tree's rows)")
+        print("weights: packed weights (by generate, for the tree's rows)")
     elif args.pack_weights != "off" and is_packable_target(target):
         print("weights: stock (generate measured packing no faster on this CPU)")
     else:

@@ -92,7 +92,8 @@ class DiagnoseArguments:
     pack_weights: str = field(
         default="auto",
         metadata={
-            "help": "Time the head with MKL-packed weights, as generate runs it on CPU (auto: on CPU with float32).",
+            "help": "Time the head with packed weights (MKL or oneDNN), as generate runs it on CPU (auto: on CPU "
+            "with float32).",
             "choices": list(PACK_WEIGHTS_MODES),
         },
     )
@@ -199,7 +200,7 @@ def _side(name, args, target, tokenizer, records, data_args, work_dir: Path, reg
 
 def _pack_head(draft, rows: list[int], mode: str) -> str:
     """Pack the head's weights for `rows`-row inputs as `generate` does on CPU (`--pack-weights`); a description."""
-    from eagle3_hf.generation.cpu_packing import is_packable_target, pack_rows
+    from eagle3_hf.generation.cpu_packing import describe_rows, is_packable_target, pack_rows
     from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 
     if mode == "off" or not rows or (mode == "auto" and not is_packable_target(draft)):
@@ -207,7 +208,11 @@ def _pack_head(draft, rows: list[int], mode: str) -> str:
     # "auto": where packing measurably pays on this machine, as generate decides; "on" raises where it cannot pack
     rows = pack_rows(draft, rows, measure=mode == "auto")[0]
     grouped = use_grouped_sdpa(draft)
-    weights = f"MKL-packed head weights (rows {rows})" if rows else "stock head weights (packing measured no faster)"
+    weights = (
+        f"packed head weights (rows {describe_rows(rows)})"
+        if rows
+        else "stock head weights (packing measured no faster)"
+    )
     return weights + ("; grouped-query SDPA" if grouped else "")
 
 

@@ -5,7 +5,7 @@
 - `verify`: the target's one-pass tree forward; `kv_cache`: keeping only the accepted path;
 - `decoding`: `eagle3_generate`, the tree loop; `integration`: the `generate(assistant_model=...)` hook;
 - `candidate_generator`: chain mode in Transformers' own assisted loop;
-- `cpu_packing`, `gqa_attention`: the CPU fast path (MKL-packed weights, grouped-query SDPA under tree masks).
+- `cpu_packing`, `gqa_attention`: the CPU fast path (packed MKL / oneDNN weights, grouped-query SDPA under tree masks).
 - `draft_precision`: on CPU, the head drafts with a bfloat16 copy where that is timed faster.
 - `cuda_attention`: on CUDA, the masked tree and draft forwards run without cuDNN's per-shape SDPA plans.
 

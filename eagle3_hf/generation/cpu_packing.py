@@ -1,4 +1,4 @@
-"""Pre-packed MKL weights for the few-row matrix products of speculative decoding on CPU.
+"""Pre-packed weights (MKL or oneDNN) for the few-row matrix products of speculative decoding on CPU.
 
 Verifying a draft tree feeds the target `N` tokens at once (`N` = 4 to 16), so every linear layer multiplies an
 `(N, in)` input by its weight. On CPU, PyTorch's fp32 `F.linear` handles one row with a streaming matrix-vector
@@ -8,21 +8,25 @@ Xeon, torch 2.13, `scripts/measure_verify_cost.py --threads 2`): one target forw
 one-token step with stock weights, and 1.5x with weights packed once for 8 rows. Packing once for the tree size
 therefore cuts the cost of every verification round, which is what bounds the speedup on CPU.
 
-`pack_linear_weights(model, batch_sizes)` turns every plain `nn.Linear` of `model` into an `MklPackedLinear` that
-keeps its parameters (same tensors, same `state_dict`) and adds one packed copy of the weight per listed row count.
+`pack_linear_weights(model, batch_sizes, kernel)` turns every plain `nn.Linear` of `model` into a `PackedLinear`
+that keeps its parameters (same tensors, same `state_dict`) and adds one packed copy of the weight per listed row
+count, for one of two kernels (`PACK_KERNELS`): MKL's packed GEMM, or oneDNN's linear on a weight reordered once
+into its blocked layout (the kernel PyTorch's own CPU inductor uses for frozen linears).
 Inputs with another row count (the one-token step of plain decoding, the prompt prefill) take the stock `F.linear`
 path, so plain `generate` on a packed model computes exactly what it computed before. Packed products round
 differently from stock GEMM in the last bits, as any change of GEMM kernel does (the stock kernel for 8 rows
 already differs from the one for 1 row). Memory: one extra copy of the linear weights per packed row count.
 
-Whether packing pays depends on the CPU: on a 2-core AMD EPYC (session 17) the packed kernel was 8% slower than
-stock GEMM for SmolLM2's 8-row products, where stock MKL does not seem to re-pack. So the defaults
-(`generate`'s `pack_for_tree_decoding`, and `pack_for_decoding(mode="auto")`) time both kernels once per model and
-row count (`packing_pays`) and pack only where packing saves at least `PACKING_MIN_SAVING`.
+Which kernel pays depends on the CPU. On the 2-core Xeon MKL's packed GEMM cut the linear layers' time by a third.
+On a 2-core AMD EPYC with AVX-512 (sessions 17 and 34), MKL (which picks its code path by CPU vendor) was as slow
+packed as stock, while oneDNN (which picks it by instruction set) ran SmolLM2's whole forward over 12 tokens in
+38 ms against 70 ms stock. So the defaults (`generate`'s `pack_for_tree_decoding`, and
+`pack_for_decoding(mode="auto")`) time stock and every available packed kernel once per model and row count
+(`best_kernel`) and pack with the fastest where it saves at least `PACKING_MIN_SAVING`.
 
-`unpack_linear_weights(model)` restores plain `nn.Linear` layers. Only float32 weights on CPU are packed, with an
-MKL build of PyTorch (the default x86 wheels); a stale pack (the weight was modified, moved or cast) is rebuilt or
-bypassed, never used.
+`unpack_linear_weights(model)` restores plain `nn.Linear` layers. Only float32 weights on CPU are packed, with a
+PyTorch build that has MKL or oneDNN (the default x86 wheels have both); a stale pack (the weight was modified,
+moved or cast) is rebuilt or bypassed, never used.
 """
 
 import statistics
@@ -39,35 +43,75 @@ def mkl_packing_available() -> bool:
     return bool(torch._C.has_mkl) and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def onednn_packing_available() -> bool:
+    """True when this PyTorch build has oneDNN's linear on a pre-reordered weight (`torch.ops.mkldnn`)."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+PACK_KERNELS = ("mkl", "onednn")
+_KERNEL_NAMES = {"mkl": "MKL", "onednn": "oneDNN"}
+
+
+def packing_kernels() -> list[str]:
+    """The `PACK_KERNELS` this PyTorch build has."""
+    available = {"mkl": mkl_packing_available(), "onednn": onednn_packing_available()}
+    return [kernel for kernel in PACK_KERNELS if available[kernel]]
+
+
+def packing_available() -> bool:
+    """True when this PyTorch build has at least one packed kernel."""
+    return bool(packing_kernels())
+
+
+def _pack(weight: torch.Tensor, rows: int, kernel: str) -> torch.Tensor:
+    """`weight` `(out, in)` packed for inputs of `rows` rows by `kernel` (an opaque tensor)."""
+    if kernel == "mkl":
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def _packed_linear(
+    inputs: torch.Tensor, pack: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str
+) -> torch.Tensor:
+    """`F.linear(inputs, weight, bias)` for `inputs` `(rows, in)` through `pack` (`_pack(weight, rows, kernel)`)."""
+    if kernel == "mkl":
+        return torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, inputs.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(inputs, pack, bias, "none", [], "")
+
+
 def _is_packable(weight: torch.Tensor) -> bool:
     """The packed kernel serves float32 weights on CPU only."""
     return weight.device.type == "cpu" and weight.dtype == torch.float32
 
 
-class MklPackedLinear(nn.Linear):
-    """`nn.Linear` whose weight is also kept packed for MKL, for a fixed set of input row counts.
+class PackedLinear(nn.Linear):
+    """`nn.Linear` whose weight is also kept packed (MKL or oneDNN), for a fixed set of input row counts.
 
     Created in place from an `nn.Linear` by `pack_linear_weights` (the module object, its parameters and hooks stay
     the same). `forward` uses the packed weight when the input has exactly one of the packed row counts, no gradient
     is needed and the weight is unchanged since packing; otherwise it is `nn.Linear.forward`.
     """
 
-    # row count -> (weight version, weight data pointer, packed weight)
-    _mkl_packs: dict[int, tuple[int, int, torch.Tensor]]
+    # row count -> (kernel, weight version, weight data pointer, packed weight)
+    _packs: dict[int, tuple[str, int, int, torch.Tensor]]
 
-    def _packed_weight(self, rows: int) -> torch.Tensor | None:
-        entry = self._mkl_packs.get(rows)
+    def _packed_weight(self, rows: int) -> tuple[str, torch.Tensor] | None:
+        entry = self._packs.get(rows)
         if entry is None:
             return None
         weight = self.weight
         if not _is_packable(weight):
             return None
-        version, data_ptr, packed = entry
+        kernel, version, data_ptr, packed = entry
         if version != weight._version or data_ptr != weight.data_ptr():
             # the weight was modified in place or replaced since packing: pack it again
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
-            self._mkl_packs[rows] = (weight._version, weight.data_ptr(), packed)
-        return packed
+            packed = _pack(weight.detach(), rows, kernel)
+            self._packs[rows] = (kernel, weight._version, weight.data_ptr(), packed)
+        return kernel, packed
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // input.shape[-1] if input.numel() else 0
@@ -75,34 +119,42 @@ class MklPackedLinear(nn.Linear):
         packed = None if needs_grad or input.dtype != torch.float32 else self._packed_weight(rows)
         if packed is None:
             return F.linear(input, self.weight, self.bias)
+        kernel, pack = packed
         flat = input.reshape(rows, self.in_features).contiguous()
-        output = torch.ops.mkl._mkl_linear(flat, packed, self.weight, self.bias, rows)
+        output = _packed_linear(flat, pack, self.weight, self.bias, kernel)
         return output.reshape(*input.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, packed_rows={sorted(self._mkl_packs)}"
+        rows = ", ".join(f"{count}: {self._packs[count][0]}" for count in sorted(self._packs))
+        return f"{super().extra_repr()}, packed_rows={{{rows}}}"
 
 
 @torch.no_grad()
-def pack_linear_weights(model: nn.Module, batch_sizes) -> int:
+def pack_linear_weights(model: nn.Module, batch_sizes, kernel: str = "mkl") -> int:
     """Pack the weight of every plain `nn.Linear` in `model` for inputs of `batch_sizes` rows (in place).
 
     Args:
         model (`nn.Module`): e.g. the target `PreTrainedModel`, float32 on CPU.
         batch_sizes (iterable of `int`): input row counts to pack for (`batch * seq` of the linear's input), e.g.
-            `[tree_total_tokens]` for tree verification. 1 is refused: the stock one-row kernel is faster.
+            `[tree_total_tokens]` for tree verification. 1 is refused: one-row steps (plain decoding) keep the
+            stock kernel, so plain `generate` on a packed model computes exactly what it computed before.
+        kernel (`str`, *optional*, defaults to `"mkl"`): `"mkl"` (MKL's packed GEMM) or `"onednn"` (oneDNN's
+            linear on a reordered weight); `best_kernel` says which is faster on this machine.
 
     Returns:
-        The number of linear layers packed. Calling it again adds row counts; `unpack_linear_weights` undoes it.
+        The number of linear layers packed. Calling it again adds row counts (a row count packed before keeps its
+        kernel); `unpack_linear_weights` undoes it.
     """
-    if not mkl_packing_available():
+    if kernel not in PACK_KERNELS:
+        raise ValueError(f"kernel={kernel!r}; expected one of {PACK_KERNELS}.")
+    if kernel not in packing_kernels():
         raise RuntimeError(
-            "pack_linear_weights needs a PyTorch build with MKL (torch._C.has_mkl is False here); the default x86 "
-            "CPU wheels have it."
+            f"pack_linear_weights(kernel={kernel!r}) needs a PyTorch build with {_KERNEL_NAMES[kernel]} "
+            f"(this one has {packing_kernels() or 'neither'}); the default x86 CPU wheels have both."
         )
     sizes = sorted(set(batch_sizes))
     if not sizes or any(not isinstance(size, int) or size < 2 for size in sizes):
-        raise ValueError(f"batch_sizes must be ints >= 2 (one row already has the fastest kernel), got {sizes}.")
+        raise ValueError(f"batch_sizes must be ints >= 2 (one-row steps keep the stock kernel), got {sizes}.")
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
     for module in linears:
         weight = module.weight
@@ -114,24 +166,24 @@ def pack_linear_weights(model: nn.Module, batch_sizes) -> int:
     packed = 0
     for module in linears:
         if type(module) is nn.Linear:
-            module.__class__ = MklPackedLinear
-            module._mkl_packs = {}
-        elif type(module) is not MklPackedLinear:
+            module.__class__ = PackedLinear
+            module._packs = {}
+        elif type(module) is not PackedLinear:
             continue  # a subclass with its own forward (quantized, LoRA, ...): leave it alone
         for size in sizes:
-            if size not in module._mkl_packs:
-                pack = torch.ops.mkl._mkl_reorder_linear_weight(module.weight.detach(), size)
-                module._mkl_packs[size] = (module.weight._version, module.weight.data_ptr(), pack)
+            if size not in module._packs:
+                pack = _pack(module.weight.detach(), size, kernel)
+                module._packs[size] = (kernel, module.weight._version, module.weight.data_ptr(), pack)
         packed += 1
     return packed
 
 
 def unpack_linear_weights(model: nn.Module) -> int:
-    """Turn every `MklPackedLinear` of `model` back into a plain `nn.Linear`; returns how many were restored."""
+    """Turn every `PackedLinear` of `model` back into a plain `nn.Linear`; returns how many were restored."""
     restored = 0
     for module in model.modules():
-        if type(module) is MklPackedLinear:
-            del module._mkl_packs
+        if type(module) is PackedLinear:
+            del module._packs
             module.__class__ = nn.Linear
             restored += 1
     return restored
@@ -148,21 +200,22 @@ TIMED_WEIGHT_BYTES = 1 << 30
 
 
 @torch.no_grad()
-def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> tuple[float, float]:
-    """Seconds of one pass over `model`'s linear layers on `rows` input rows: `(stock, packed)`.
+def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> dict[str, float]:
+    """Seconds of one pass over `model`'s linear layers on `rows` input rows, by kernel: `"stock"` and each of
+    `packing_kernels()`.
 
-    Whether packing pays depends on the CPU and its MKL code path: measured on SmolLM2-135M with 8 rows (2 threads,
-    torch 2.13), it cut the linear layers' time by a third on a Xeon with AVX-512, and made it 8% longer on an AMD
-    EPYC. So it is timed on the machine, the way a forward meets the weights: a pass over the linear layers in model
-    order (a weight shared by several layers once; the first `TIMED_WEIGHT_BYTES` of weights of a larger model),
-    stock `F.linear` against the packed kernel (each weight packed for the measurement only), the two passes
-    alternating which goes first, and each kind's median pass of `repeats`. Timing one layer per weight shape
+    Which kernel pays depends on the CPU: measured on SmolLM2-135M with 8 rows (2 threads, torch 2.13), MKL's packed
+    GEMM cut the linear layers' time by a third on a Xeon with AVX-512 and made it 8% longer on an AMD EPYC, where
+    oneDNN's halved it. So it is timed on the machine, the way a forward meets the weights: a pass over the linear
+    layers in model order (a weight shared by several layers once; the first `TIMED_WEIGHT_BYTES` of weights of a
+    larger model), stock `F.linear` against each packed kernel (each weight packed for the measurement only), the
+    passes taking turns at going first, and each kind's median pass of `repeats`. Timing one layer per weight shape
     instead (sessions 2 to 28) kept that weight in cache between calls, where stock GEMM loses little: on SmolLM2
     (2-core Xeon, 8 rows) packed over stock came out 0.71-1.06 in ten tries, on both sides of
     `PACKING_MIN_SAVING`, while a pass over all layers gave 0.79-0.89 in ten, and `generate` with the target packed
     ran its trees 8-12% faster (session 29).
-    `packing_pays` runs it once per model and row count: 0.6-0.7 s for SmolLM2-135M on 2 cores, with a packed copy
-    of the timed weights alive meanwhile, and a few milliseconds for its head.
+    `best_kernel` runs it once per model and row count: about 1 s for SmolLM2-135M on 2 cores, with a packed copy
+    of the timed weights per kernel alive meanwhile, and a few milliseconds for its head.
     """
     weights, timed_bytes = {}, 0
     for module in model.modules():
@@ -175,63 +228,77 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> tuple
     for layer in weights.values():
         weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
         inputs = torch.randn(rows, layer.in_features)
-        layers.append((inputs, weight, bias, torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)))
+        layers.append((inputs, weight, bias, {kernel: _pack(weight, rows, kernel) for kernel in packing_kernels()}))
 
-    def stock_pass() -> float:
+    def timed_pass(kernel: str) -> float:
         start = time.perf_counter()
-        for inputs, weight, bias, _ in layers:
-            F.linear(inputs, weight, bias)
+        for inputs, weight, bias, packs in layers:
+            if kernel == "stock":
+                F.linear(inputs, weight, bias)
+            else:
+                _packed_linear(inputs, packs[kernel], weight, bias, kernel)
         return time.perf_counter() - start
 
-    def packed_pass() -> float:
-        start = time.perf_counter()
-        for inputs, weight, bias, pack in layers:
-            torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, rows)
-        return time.perf_counter() - start
-
-    stock_pass(), packed_pass()  # first calls pay for MKL's lazy set-up: untimed
-    runs = {stock_pass: [], packed_pass: []}
+    kernels = ["stock", *packing_kernels()]
+    for kernel in kernels:  # first calls pay for the libraries' lazy set-up: untimed
+        timed_pass(kernel)
+    runs = {kernel: [] for kernel in kernels}
     for repeat in range(repeats):
-        for timed in (stock_pass, packed_pass) if repeat % 2 == 0 else (packed_pass, stock_pass):
-            runs[timed].append(timed())
-    return statistics.median(runs[stock_pass]), statistics.median(runs[packed_pass])
+        turn = repeat % len(kernels)
+        for kernel in kernels[turn:] + kernels[:turn]:
+            runs[kernel].append(timed_pass(kernel))
+    return {kernel: statistics.median(seconds) for kernel, seconds in runs.items()}
 
 
-# model -> {rows: (stock seconds, packed seconds)}: measured once per model and row count
-_TIMINGS: "weakref.WeakKeyDictionary[nn.Module, dict[int, tuple[float, float]]]" = weakref.WeakKeyDictionary()
+# model -> {rows: {kernel: seconds}}: measured once per model and row count
+_TIMINGS: "weakref.WeakKeyDictionary[nn.Module, dict[int, dict[str, float]]]" = weakref.WeakKeyDictionary()
 
 
-def packing_pays(model: nn.Module, rows: int) -> bool:
-    """Whether packing `model` for `rows` rows saves at least `PACKING_MIN_SAVING` of its linear layers' time on this
-    machine (`time_linear_products`, once per model and row count)."""
+def _timings(model: nn.Module, rows: int) -> dict[str, float]:
+    """`time_linear_products(model, rows)`, measured once per model and row count."""
     timings = _TIMINGS.setdefault(model, {})
     if rows not in timings:
         timings[rows] = time_linear_products(model, rows)
-    stock, packed = timings[rows]
-    return packed < (1 - PACKING_MIN_SAVING) * stock
+    return timings[rows]
 
 
-def measured_packing(model: nn.Module, rows) -> tuple[list[int], list[int]]:
-    """`(rows packing pays for, rows it does not)` of `model` (`packing_pays`), each sorted, without repeats."""
-    rows = sorted(set(rows))
-    pays = [count for count in rows if packing_pays(model, count)]
-    return pays, [count for count in rows if count not in pays]
+def fastest_packed_kernel(model: nn.Module, rows: int) -> str:
+    """The packed kernel with `model`'s fastest pass over `rows` rows on this machine, whether or not it beats stock."""
+    timings = _timings(model, rows)
+    return min((kernel for kernel in timings if kernel != "stock"), key=timings.__getitem__)
+
+
+def best_kernel(model: nn.Module, rows: int) -> str | None:
+    """The packed kernel to use for `model`'s `rows`-row products: the fastest one where it saves at least
+    `PACKING_MIN_SAVING` of the linear layers' time against stock `F.linear`, else `None` (stay stock). Timed once
+    per model and row count (`time_linear_products`)."""
+    kernel = fastest_packed_kernel(model, rows)
+    timings = _timings(model, rows)
+    return kernel if timings[kernel] < (1 - PACKING_MIN_SAVING) * timings["stock"] else None
+
+
+def measured_packing(model: nn.Module, rows) -> tuple[dict[int, str], list[int]]:
+    """`({row count: kernel} where packing pays, [row counts where it does not])` of `model` (`best_kernel`),
+    sorted, without repeats."""
+    kernels = {count: best_kernel(model, count) for count in sorted(set(rows))}
+    return {count: kernel for count, kernel in kernels.items() if kernel}, [c for c, k in kernels.items() if not k]
 
 
 def is_packed_for(model: nn.Module, rows: int) -> bool:
     """True when every linear layer of `model` has a packed weight for inputs of `rows` rows."""
     linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
-    return bool(linears) and all(type(m) is MklPackedLinear and rows in m._mkl_packs for m in linears)
+    return bool(linears) and all(type(m) is PackedLinear and rows in m._packs for m in linears)
 
 
 def is_packable_target(model: nn.Module) -> bool:
-    """True when MKL is available and `model`'s (first) weight is float32 on CPU."""
+    """True when a packed kernel is available and `model`'s (first) weight is float32 on CPU."""
     weight = next(model.parameters(), None)
-    return weight is not None and mkl_packing_available() and _is_packable(weight)
+    return weight is not None and packing_available() and _is_packable(weight)
 
 
 def packing_would_help(model: nn.Module, rows: int) -> bool:
-    """True when `model` is float32 on CPU with MKL available, `rows >= 2`, and not yet packed for `rows`."""
+    """True when `model` is float32 on CPU with a packed kernel available, `rows >= 2`, and not yet packed for
+    `rows`."""
     return rows >= 2 and is_packable_target(model) and not is_packed_for(model, rows)
 
 
@@ -257,13 +324,31 @@ def rows_for_trees(shapes) -> tuple[list[int], list[int]]:
     return sorted(target_rows), sorted(draft_rows)
 
 
-def pack_rows(model: nn.Module, rows, measure: bool = True) -> tuple[list[int], list[int]]:
-    """Pack `model`'s linear weights for `rows`-row inputs: only the row counts where `packing_pays` with `measure`,
-    all of them (raising where it cannot) without. Returns `(packed row counts, row counts left stock)`."""
-    packed, stock = measured_packing(model, rows) if measure else (sorted(set(rows)), [])
-    if packed:
-        pack_linear_weights(model, packed)
+def pack_rows(model: nn.Module, rows, measure: bool = True) -> tuple[dict[int, str], list[int]]:
+    """Pack `model`'s linear weights for `rows`-row inputs: with `measure`, only the row counts where packing pays
+    (`best_kernel`), each with its fastest kernel; without, all of them (raising where it cannot), with the fastest
+    packed kernel whether or not it beats stock. Returns `({packed row count: kernel}, [row counts left stock])`."""
+    if measure:
+        packed, stock = measured_packing(model, rows)
+    else:
+        if not is_packable_target(model):
+            pack_linear_weights(model, rows)  # raises, naming what is missing
+        packed, stock = {count: fastest_packed_kernel(model, count) for count in sorted(set(rows))}, []
+    for kernel in PACK_KERNELS:
+        counts = [count for count, chosen in packed.items() if chosen == kernel]
+        if counts:
+            pack_linear_weights(model, counts, kernel)
     return packed, stock
+
+
+def describe_rows(packed: dict[int, str]) -> str:
+    """`{8: "onednn", 2: "mkl", 3: "mkl"}` -> `"[2, 3] MKL, [8] oneDNN"`; `"[]"` when nothing is packed."""
+    groups = [
+        f"{sorted(count for count, chosen in packed.items() if chosen == kernel)} {_KERNEL_NAMES[kernel]}"
+        for kernel in PACK_KERNELS
+        if kernel in packed.values()
+    ]
+    return ", ".join(groups) or "[]"
 
 
 def _group_attention(target: nn.Module, draft: nn.Module | None) -> bool:
@@ -279,8 +364,9 @@ def _group_attention(target: nn.Module, draft: nn.Module | None) -> bool:
 def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, draft_rows, mode: str = "auto") -> str:
     """Pack `target` (and `draft`) for the given row counts according to `mode`; returns a one-line description.
 
-    `mode`: `"on"` packs (and raises where it cannot), `"off"` does nothing, `"auto"` packs the row counts for which
-    `packing_pays` on this machine, when MKL is available and the target is float32 on CPU. Packing (`"on"`, or
+    `mode`: `"on"` packs with the fastest packed kernel (and raises where it cannot), `"off"` does nothing,
+    `"auto"` packs the row counts for which packing pays on this machine (`best_kernel`), when a packed kernel is
+    available and the target is float32 on CPU. Packing (`"on"`, or
     `"auto"` on a packable target) also switches an `sdpa` target to `eagle3_hf.generation.gqa_attention`'s grouped
     backend (no `repeat_kv` copy under tree masks; outputs equal to `sdpa`'s). Used by `eagle3-hf demo`, `bench`,
     `tune` and `regenerate`.
@@ -293,7 +379,7 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
     target_rows, slower_target = pack_rows(target, target_rows, measure)
     draft_rows, slower_draft = pack_rows(draft, draft_rows, measure) if draft is not None else ([], [])
     grouped = _group_attention(target, draft)
-    parts = [f"MKL-packed weights (target rows {target_rows}, head rows {draft_rows})"]
+    parts = [f"packed weights (target rows {describe_rows(target_rows)}, head rows {describe_rows(draft_rows)})"]
     if not target_rows and not draft_rows:
         parts = ["stock weights"]
     if slower_target or slower_draft:
@@ -313,12 +399,14 @@ def pack_for_tree_decoding(
     target: nn.Module, draft: nn.Module, node_counts, max_depth: int, top_k: int, lookup_tokens: int = 0
 ) -> str | None:
     """What `generate(assistant_model=head)` does on CPU: pack the target for `node_counts` rows and the head for
-    the rows of its tree levels and draft updates, each where `packing_pays` on this machine, and switch `sdpa` to
-    grouped-query SDPA, when the target is float32 on CPU with MKL. Returns a line naming what was packed and the
-    memory it took, `None` when nothing new was decided (not packable, or settled by an earlier call).
+    the rows of its tree levels and draft updates, each where packing pays on this machine and with the fastest
+    kernel (`best_kernel`), and switch `sdpa` to grouped-query SDPA, when the target is float32 on CPU. Returns a
+    line naming what was packed and the memory it took, `None` when nothing new was decided (not packable, or
+    settled by an earlier call).
 
-    Measured on SmolLM2-135M (2-core Xeon): an 8-node verification costs 2.3x a plain step with stock weights and
-    1.5x packed, so packing is the default where it pays; `generate(..., tree_pack_weights=False)` opts out.
+    Measured on SmolLM2-135M: an 8-node verification costs 2.3x a plain step with stock weights and 1.5x with
+    MKL packs on a 2-core Xeon; a 12-node one 1.7x stock and 0.9x with oneDNN packs on a 2-core AMD EPYC. So packing
+    is the default where it pays; `generate(..., tree_pack_weights=False)` opts out.
     """
     if not is_packable_target(target):
         return None
@@ -338,8 +426,8 @@ def pack_for_tree_decoding(
     parts = []
     if missing or missing_draft:
         parts.append(
-            f"MKL-packed linear weights (target rows {missing}, head rows {missing_draft}), {extra / 2**20:.0f} MiB "
-            "more memory"
+            f"packed linear weights (target rows {describe_rows(missing)}, head rows {describe_rows(missing_draft)}), "
+            f"{extra / 2**20:.0f} MiB more memory"
         )
     if slower or slower_draft:
         parts.append(f"stock weights for target rows {slower}, head rows {slower_draft} (packing measured no faster)")
@@ -347,18 +435,24 @@ def pack_for_tree_decoding(
 
 
 __all__ = [
-    "MklPackedLinear",
+    "PACK_KERNELS",
     "PACK_MODES",
+    "PackedLinear",
+    "best_kernel",
+    "describe_rows",
+    "fastest_packed_kernel",
     "is_packable_target",
     "is_packed_for",
     "packing_would_help",
     "measured_packing",
     "mkl_packing_available",
+    "onednn_packing_available",
     "pack_for_decoding",
     "pack_for_tree_decoding",
     "pack_linear_weights",
     "pack_rows",
-    "packing_pays",
+    "packing_available",
+    "packing_kernels",
     "rows_for_tree",
     "rows_for_trees",
     "time_linear_products",

@@ -275,8 +275,9 @@ def eagle3_generate(
         tree_adaptive (`bool`, *optional*): choose each round's shape from costs and acceptance measured during
             this call (`cost_model.RoundPlanner`), plain steps without a draft included, starting from the shape
             above; `False` runs that shape every round. Defaults to `True` unless a shape argument is passed.
-        tree_pack_weights (`bool`, *optional*): on CPU with float32 weights, MKL-pack the target's and the head's
-            linear weights for the row counts tree decoding uses and switch `sdpa` to grouped-query SDPA
+        tree_pack_weights (`bool`, *optional*): on CPU with float32 weights, pack (MKL or oneDNN, whichever is
+            faster here) the target's and the head's linear weights for the row counts tree decoding uses and
+            switch `sdpa` to grouped-query SDPA
             (`cpu_packing.pack_for_tree_decoding`; one extra copy of the linear weights per packed node count, in
             place, kept for later calls). Defaults to doing so when it applies; `False` leaves the models alone.
         tree_draft_dtype (`torch.dtype` or `str`, *optional*): the dtype the head drafts in (`"bfloat16"`,

@@ -90,9 +90,9 @@ def low_precision_copy(draft: Eagle3DraftModel, dtype: torch.dtype) -> Eagle3Dra
     kept = _COPIES.setdefault(draft, {})
     if dtype in kept and kept[dtype][0] == state:
         return kept[dtype][1]
-    # deepcopy's memo: the target's embedding is shared, not copied; the head's MKL packs (opaque tensors, which
+    # deepcopy's memo: the target's embedding is shared, not copied; the head's packs (opaque tensors, which
     # cannot be copied) become empty, and the copy's layers plain `nn.Linear` again: packs serve float32 only
-    memo = {id(module._mkl_packs): {} for module in draft.modules() if hasattr(module, "_mkl_packs")}
+    memo = {id(module._packs): {} for module in draft.modules() if hasattr(module, "_packs")}
     embedding = draft._embedding
     if embedding is not None and not draft.config.trained_embedding:
         memo[id(embedding)] = embedding
