@@ -1,11 +1,12 @@
-"""Cost of one SmolLM2-135M-Instruct forward over N new tokens (a tree verification), stock vs MKL-packed weights.
+"""Cost of one SmolLM2-135M-Instruct forward over N new tokens (a tree verification), stock vs packed weights.
 
 The target holds a 200-token prefix in its cache; each measurement feeds N random tokens, keeps the fastest of six
 runs (other processes only ever slow a run down) and crops the cache back. Packed weights are
-`eagle3_hf.pack_linear_weights(target, N values)`; N = 1 is never packed (the stock one-row kernel is used).
-`--tree-mask` feeds the N tokens under an explicit 4-D causal mask, as a tree verification does (a mask is what
-makes `sdpa` copy the keys and values per query head); `--grouped-sdpa` then also measures
-`eagle3_hf.generation.gqa_attention`'s backend, which does not copy them.
+`eagle3_hf.pack_linear_weights(target, N values, kernel)`, one column per `--kernels` entry (MKL's packed GEMM,
+oneDNN's linear on a reordered weight; default: every kernel this build has); N = 1 is never packed (the stock
+one-row kernel is used). `--tree-mask` feeds the N tokens under an explicit 4-D causal mask, as a tree
+verification does (a mask is what makes `sdpa` copy the keys and values per query head); `--grouped-sdpa` then
+also measures `eagle3_hf.generation.gqa_attention`'s backend, which does not copy them, with the last kernel.
 
     .venv/bin/python scripts/measure_verify_cost.py --threads 2 --tree-mask --grouped-sdpa
 """
@@ -16,7 +17,8 @@ import time
 import torch
 from transformers.cache_utils import DynamicCache
 
-from eagle3_hf import pack_linear_weights
+from eagle3_hf import pack_linear_weights, unpack_linear_weights
+from eagle3_hf.generation.cpu_packing import packing_kernels
 from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 from eagle3_hf.generation.tree import additive_mask
 from eagle3_hf.loading import load_target
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8, 12, 16, 24])
     parser.add_argument("--tree-mask", action="store_true", help="pass a 4-D mask for N > 1, as tree verification")
     parser.add_argument("--grouped-sdpa", action="store_true", help="also measure packed + grouped-query SDPA")
+    parser.add_argument("--kernels", nargs="+", default=packing_kernels(), choices=packing_kernels())
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,11 +68,14 @@ def main() -> None:
         return {n: forward_ms(target, prefix, n, args.tree_mask and n > 1) for n in args.sizes}
 
     columns = {"stock": measure()}
-    pack_linear_weights(target, [n for n in args.sizes if n > 1])
-    columns["packed"] = measure()
+    for index, kernel in enumerate(args.kernels):
+        if index:
+            unpack_linear_weights(target)  # a row count keeps the kernel it was first packed with
+        pack_linear_weights(target, [n for n in args.sizes if n > 1], kernel)
+        columns[f"{kernel} packed"] = measure()
     if args.grouped_sdpa:
         use_grouped_sdpa(target)
-        columns["packed + grouped SDPA"] = measure()
+        columns[f"{args.kernels[-1]} packed + grouped SDPA"] = measure()
     base = columns["stock"][1]
     print(
         f"torch threads {torch.get_num_threads()}; forward over N tokens after a 200-token prefix (ms, fastest of 6); "
