@@ -7,6 +7,9 @@ oneDNN's linear on a reordered weight; default: every kernel this build has); N 
 one-row kernel is used). `--tree-mask` feeds the N tokens under an explicit 4-D causal mask, as a tree
 verification does (a mask is what makes `sdpa` copy the keys and values per query head); `--grouped-sdpa` then
 also measures `eagle3_hf.generation.gqa_attention`'s backend, which does not copy them, with the last kernel.
+`--one-row-packed` also times a plain decoding step (N = 1) with every weight packed for one row by each kernel:
+`generate` never does that (plain steps stay bit-identical to plain `generate`), but it shows how much of a tree's
+gain over plain decoding on this CPU is the kernel's rather than speculation's.
 
     .venv/bin/python scripts/measure_verify_cost.py --threads 2 --tree-mask --grouped-sdpa
 """
@@ -15,9 +18,11 @@ import argparse
 import time
 
 import torch
+from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from eagle3_hf import pack_linear_weights, unpack_linear_weights
+from eagle3_hf.generation import cpu_packing
 from eagle3_hf.generation.cpu_packing import packing_kernels
 from eagle3_hf.generation.gqa_attention import use_grouped_sdpa
 from eagle3_hf.generation.tree import additive_mask
@@ -51,6 +56,25 @@ def forward_ms(target, prefix: torch.LongTensor, num_new: int, tree_mask: bool, 
     return best * 1000
 
 
+def one_row_packed_ms(target, prefix: torch.LongTensor, kernel: str) -> float:
+    """A one-token step with every linear weight of `target` (unpacked) packed for one row by `kernel`."""
+    packs, stock_forward = {}, nn.Linear.forward
+
+    def packed_forward(self, x):
+        if x.numel() != x.shape[-1] or torch.is_grad_enabled():
+            return stock_forward(self, x)
+        if self not in packs:
+            packs[self] = cpu_packing.pack_weight(self.weight.detach(), 1, kernel)
+        flat = x.reshape(1, self.in_features)
+        return cpu_packing.packed_linear(flat, packs[self], self.weight, self.bias, kernel).reshape(*x.shape[:-1], -1)
+
+    nn.Linear.forward = packed_forward
+    try:
+        return forward_ms(target, prefix, 1, tree_mask=False)
+    finally:
+        nn.Linear.forward = stock_forward
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None)
@@ -58,6 +82,7 @@ def main() -> None:
     parser.add_argument("--tree-mask", action="store_true", help="pass a 4-D mask for N > 1, as tree verification")
     parser.add_argument("--grouped-sdpa", action="store_true", help="also measure packed + grouped-query SDPA")
     parser.add_argument("--kernels", nargs="+", default=packing_kernels(), choices=packing_kernels())
+    parser.add_argument("--one-row-packed", action="store_true", help="also time N = 1 packed for one row")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -68,6 +93,7 @@ def main() -> None:
         return {n: forward_ms(target, prefix, n, args.tree_mask and n > 1) for n in args.sizes}
 
     columns = {"stock": measure()}
+    one_row = {kernel: one_row_packed_ms(target, prefix, kernel) for kernel in args.kernels if args.one_row_packed}
     for index, kernel in enumerate(args.kernels):
         if index:
             unpack_linear_weights(target)  # a row count keeps the kernel it was first packed with
@@ -85,6 +111,8 @@ def main() -> None:
     print("|---|" + "---|---|" * len(columns))
     for n in args.sizes:
         print(f"| {n} | " + " | ".join(f"{c[n]:.1f} | {c[n] / base:.2f}" for c in columns.values()) + " |")
+    for kernel, ms in one_row.items():
+        print(f"N = 1 with every weight packed for one row by {kernel}: {ms:.1f} ms ({ms / base:.2f} of stock)")
 
 
 if __name__ == "__main__":

@@ -67,17 +67,18 @@ def packing_available() -> bool:
     return bool(packing_kernels())
 
 
-def _pack(weight: torch.Tensor, rows: int, kernel: str) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor, rows: int, kernel: str) -> torch.Tensor:
     """`weight` `(out, in)` packed for inputs of `rows` rows by `kernel` (an opaque tensor)."""
     if kernel == "mkl":
         return torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
-def _packed_linear(
+def packed_linear(
     inputs: torch.Tensor, pack: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str
 ) -> torch.Tensor:
-    """`F.linear(inputs, weight, bias)` for `inputs` `(rows, in)` through `pack` (`_pack(weight, rows, kernel)`)."""
+    """`F.linear(inputs, weight, bias)` for `inputs` `(rows, in)` through `pack`, which is
+    `pack_weight(weight, rows, kernel)`."""
     if kernel == "mkl":
         return torch.ops.mkl._mkl_linear(inputs, pack, weight, bias, inputs.shape[0])
     return torch.ops.mkldnn._linear_pointwise(inputs, pack, bias, "none", [], "")
@@ -109,7 +110,7 @@ class PackedLinear(nn.Linear):
         kernel, version, data_ptr, packed = entry
         if version != weight._version or data_ptr != weight.data_ptr():
             # the weight was modified in place or replaced since packing: pack it again
-            packed = _pack(weight.detach(), rows, kernel)
+            packed = pack_weight(weight.detach(), rows, kernel)
             self._packs[rows] = (kernel, weight._version, weight.data_ptr(), packed)
         return kernel, packed
 
@@ -121,7 +122,7 @@ class PackedLinear(nn.Linear):
             return F.linear(input, self.weight, self.bias)
         kernel, pack = packed
         flat = input.reshape(rows, self.in_features).contiguous()
-        output = _packed_linear(flat, pack, self.weight, self.bias, kernel)
+        output = packed_linear(flat, pack, self.weight, self.bias, kernel)
         return output.reshape(*input.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -172,7 +173,7 @@ def pack_linear_weights(model: nn.Module, batch_sizes, kernel: str = "mkl") -> i
             continue  # a subclass with its own forward (quantized, LoRA, ...): leave it alone
         for size in sizes:
             if size not in module._packs:
-                pack = _pack(module.weight.detach(), size, kernel)
+                pack = pack_weight(module.weight.detach(), size, kernel)
                 module._packs[size] = (kernel, module.weight._version, module.weight.data_ptr(), pack)
         packed += 1
     return packed
@@ -228,7 +229,9 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> dict[
     for layer in weights.values():
         weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
         inputs = torch.randn(rows, layer.in_features)
-        layers.append((inputs, weight, bias, {kernel: _pack(weight, rows, kernel) for kernel in packing_kernels()}))
+        layers.append(
+            (inputs, weight, bias, {kernel: pack_weight(weight, rows, kernel) for kernel in packing_kernels()})
+        )
 
     def timed_pass(kernel: str) -> float:
         start = time.perf_counter()
@@ -236,7 +239,7 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> dict[
             if kernel == "stock":
                 F.linear(inputs, weight, bias)
             else:
-                _packed_linear(inputs, packs[kernel], weight, bias, kernel)
+                packed_linear(inputs, packs[kernel], weight, bias, kernel)
         return time.perf_counter() - start
 
     kernels = ["stock", *packing_kernels()]
@@ -377,7 +380,7 @@ def pack_for_decoding(target: nn.Module, draft: nn.Module | None, target_rows, d
         return "stock weights"
     measure = mode == "auto"
     target_rows, slower_target = pack_rows(target, target_rows, measure)
-    draft_rows, slower_draft = pack_rows(draft, draft_rows, measure) if draft is not None else ([], [])
+    draft_rows, slower_draft = pack_rows(draft, draft_rows, measure) if draft is not None else ({}, [])
     grouped = _group_attention(target, draft)
     parts = [f"packed weights (target rows {describe_rows(target_rows)}, head rows {describe_rows(draft_rows)})"]
     if not target_rows and not draft_rows:
@@ -451,6 +454,8 @@ __all__ = [
     "pack_for_tree_decoding",
     "pack_linear_weights",
     "pack_rows",
+    "pack_weight",
+    "packed_linear",
     "packing_available",
     "packing_kernels",
     "rows_for_tree",
