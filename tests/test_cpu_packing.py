@@ -290,3 +290,27 @@ def test_packing_with_a_kernel_this_build_lacks_names_it(monkeypatch):
     monkeypatch.setattr(cpu_packing, "packing_kernels", lambda: ["mkl"])
     with pytest.raises(RuntimeError, match=r"kernel='onednn'\) needs a PyTorch build with oneDNN"):
         pack_linear_weights(nn.Linear(4, 4), [2], "onednn")
+
+
+@pytest.mark.skipif("onednn" not in packing_kernels(), reason="needs oneDNN")
+def test_onednn_row_counts_share_one_pack_that_is_refreshed_for_all_of_them():
+    from eagle3_hf.generation.cpu_packing import weight_copies
+
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 40)
+    pack_linear_weights(layer, [4, 12], "onednn")
+    pack_linear_weights(layer, [6], "onednn")  # a later call reuses the pack too
+    assert len({id(entry[3]) for entry in layer._packs.values()}) == 1 and weight_copies(layer) == 1
+    for rows in (4, 6, 12):
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        layer.weight.mul_(-1.5)
+    x = torch.randn(6, 32)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert weight_copies(layer) == 1  # re-packed once, for every row count that shared the stale pack
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    if "mkl" in packing_kernels():
+        pack_linear_weights(layer, [2, 3], "mkl")  # MKL: one copy per row count
+        assert weight_copies(layer) == 3
