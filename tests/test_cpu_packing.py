@@ -314,3 +314,31 @@ def test_onednn_row_counts_share_one_pack_that_is_refreshed_for_all_of_them():
     if "mkl" in packing_kernels():
         pack_linear_weights(layer, [2, 3], "mkl")  # MKL: one copy per row count
         assert weight_copies(layer) == 3
+
+
+def test_a_kernel_that_fails_here_is_timed_out_of_the_choice(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    real_pack = cpu_packing.pack_weight
+
+    def failing_onednn(weight, rows, kernel):
+        if kernel == "onednn":
+            raise RuntimeError("no oneDNN kernel for this CPU")
+        return real_pack(weight, rows, kernel)
+
+    monkeypatch.setattr(cpu_packing, "pack_weight", failing_onednn)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 8))
+    with pytest.warns(UserWarning, match="oneDNN packing failed here and is not used: no oneDNN kernel"):
+        seconds = time_linear_products(model, rows=4, repeats=1)
+    assert set(seconds) == {"stock", *packing_kernels()} - {"onednn"}
+
+
+def test_with_no_packed_kernel_working_auto_stays_stock_and_on_says_why(monkeypatch):
+    from eagle3_hf.generation import cpu_packing
+
+    monkeypatch.setattr(cpu_packing, "time_linear_products", lambda model, rows, repeats=5: {"stock": 1.0})
+    target = make_tiny_target()
+    assert cpu_packing.best_kernel(target, 8) is None and cpu_packing.fastest_packed_kernel(target, 8) is None
+    assert cpu_packing.pack_for_decoding(target, None, [8], [], "auto").startswith("stock weights")
+    with pytest.raises(RuntimeError, match="No packed kernel runs on this machine for LlamaForCausalLM"):
+        cpu_packing.pack_for_decoding(target, None, [8], [], "on")

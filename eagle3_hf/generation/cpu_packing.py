@@ -31,6 +31,7 @@ moved or cast) is rebuilt or bypassed, never used.
 
 import statistics
 import time
+import warnings
 import weakref
 
 import torch
@@ -237,7 +238,9 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> dict[
     `PACKING_MIN_SAVING`, while a pass over all layers gave 0.79-0.89 in ten, and `generate` with the target packed
     ran its trees 8-12% faster (session 29).
     `best_kernel` runs it once per model and row count: about 1 s for SmolLM2-135M on 2 cores, with a packed copy
-    of the timed weights per kernel alive meanwhile, and a few milliseconds for its head.
+    of the timed weights per kernel alive meanwhile, and a few milliseconds for its head. A kernel the build has but
+    that fails on this machine or these weights (a `RuntimeError` while packing or running it) is left out of the
+    result, with a warning, so that it is never chosen.
     """
     weights, timed_bytes = {}, 0
     for module in model.modules():
@@ -246,26 +249,36 @@ def time_linear_products(model: nn.Module, rows: int, repeats: int = 5) -> dict[
         if isinstance(module, nn.Linear) and _is_packable(module.weight) and module.weight.data_ptr() not in weights:
             weights[module.weight.data_ptr()] = module
             timed_bytes += module.weight.numel() * module.weight.element_size()
-    layers = []
-    for layer in weights.values():
-        weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
-        inputs = torch.randn(rows, layer.in_features)
-        layers.append(
-            (inputs, weight, bias, {kernel: pack_weight(weight, rows, kernel) for kernel in packing_kernels()})
+    layers = [
+        (
+            torch.randn(rows, layer.in_features),
+            layer.weight.detach(),
+            None if layer.bias is None else layer.bias.detach(),
         )
+        for layer in weights.values()
+    ]
+    packs: dict[str, list[torch.Tensor]] = {}
 
     def timed_pass(kernel: str) -> float:
         start = time.perf_counter()
-        for inputs, weight, bias, packs in layers:
+        for index, (inputs, weight, bias) in enumerate(layers):
             if kernel == "stock":
                 F.linear(inputs, weight, bias)
             else:
-                packed_linear(inputs, packs[kernel], weight, bias, kernel)
+                packed_linear(inputs, packs[kernel][index], weight, bias, kernel)
         return time.perf_counter() - start
 
-    kernels = ["stock", *packing_kernels()]
-    for kernel in kernels:  # first calls pay for the libraries' lazy set-up: untimed
-        timed_pass(kernel)
+    timed_pass("stock")  # first calls pay for the libraries' lazy set-up: untimed
+    kernels = ["stock"]
+    for kernel in packing_kernels():
+        try:
+            packs[kernel] = [pack_weight(weight, rows, kernel) for _, weight, _ in layers]
+            timed_pass(kernel)
+        except RuntimeError as error:
+            warnings.warn(f"{_KERNEL_NAMES[kernel]} packing failed here and is not used: {error}", stacklevel=2)
+            packs.pop(kernel, None)
+            continue
+        kernels.append(kernel)
     runs = {kernel: [] for kernel in kernels}
     for repeat in range(repeats):
         turn = repeat % len(kernels)
@@ -286,10 +299,11 @@ def _timings(model: nn.Module, rows: int) -> dict[str, float]:
     return timings[rows]
 
 
-def fastest_packed_kernel(model: nn.Module, rows: int) -> str:
-    """The packed kernel with `model`'s fastest pass over `rows` rows on this machine, whether or not it beats stock."""
+def fastest_packed_kernel(model: nn.Module, rows: int) -> str | None:
+    """The packed kernel with `model`'s fastest pass over `rows` rows on this machine, whether or not it beats stock
+    (`None` when no packed kernel ran here)."""
     timings = _timings(model, rows)
-    return min((kernel for kernel in timings if kernel != "stock"), key=timings.__getitem__)
+    return min((kernel for kernel in timings if kernel != "stock"), key=timings.__getitem__, default=None)
 
 
 def best_kernel(model: nn.Module, rows: int) -> str | None:
@@ -298,7 +312,7 @@ def best_kernel(model: nn.Module, rows: int) -> str | None:
     per model and row count (`time_linear_products`)."""
     kernel = fastest_packed_kernel(model, rows)
     timings = _timings(model, rows)
-    return kernel if timings[kernel] < (1 - PACKING_MIN_SAVING) * timings["stock"] else None
+    return kernel if kernel and timings[kernel] < (1 - PACKING_MIN_SAVING) * timings["stock"] else None
 
 
 def measured_packing(model: nn.Module, rows) -> tuple[dict[int, str], list[int]]:
@@ -358,6 +372,10 @@ def pack_rows(model: nn.Module, rows, measure: bool = True) -> tuple[dict[int, s
         if not is_packable_target(model):
             pack_linear_weights(model, rows)  # raises, naming what is missing
         packed, stock = {count: fastest_packed_kernel(model, count) for count in sorted(set(rows))}, []
+        if None in packed.values():
+            raise RuntimeError(
+                f"No packed kernel runs on this machine for {type(model).__name__}; pack mode 'auto' or 'off'."
+            )
     for kernel in PACK_KERNELS:
         counts = [count for count, chosen in packed.items() if chosen == kernel]
         if counts:
