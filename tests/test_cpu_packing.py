@@ -87,7 +87,14 @@ def test_tree_decoding_on_packed_models_equals_plain_generate(kernel):
     plain = target.generate(prompt, do_sample=False, max_new_tokens=20)
     pack_linear_weights(target, [6], kernel)
     pack_linear_weights(draft, [2, 3], kernel)
-    assert torch.equal(target.generate(prompt, do_sample=False, max_new_tokens=20), plain)  # 1-row steps: stock
+    assert_tree_decoding_equals_plain(target, draft, prompt, plain)
+
+
+def assert_tree_decoding_equals_plain(target, draft, prompt, plain=None):
+    """Greedy plain `generate` on the (packed) target gives `plain` (its one-row steps are stock), and a 6-node tree
+    with `draft` gives the same tokens."""
+    packed_plain = target.generate(prompt, do_sample=False, max_new_tokens=20)
+    assert plain is None or torch.equal(packed_plain, plain)
     tree = target.generate(
         prompt,
         assistant_model=draft,
@@ -97,7 +104,7 @@ def test_tree_decoding_on_packed_models_equals_plain_generate(kernel):
         tree_depth=3,
         tree_top_k=2,
     )
-    assert torch.equal(tree, plain)
+    assert torch.equal(tree, packed_plain)
 
 
 @needs_mkl
@@ -270,18 +277,7 @@ def test_auto_packs_each_row_count_with_its_fastest_kernel_and_decodes_losslessl
     assert description.startswith("packed weights (target rows [6] oneDNN, head rows [2] MKL)")
     assert {module._packs[6][0] for module in target.modules() if type(module) is PackedLinear} == {"onednn"}
     assert draft.fc._packs[2][0] == "mkl"
-    prompt = torch.randint(0, 128, (1, 9))
-    plain = target.generate(prompt, do_sample=False, max_new_tokens=20)  # one-row steps: stock
-    tree = target.generate(
-        prompt,
-        assistant_model=draft,
-        do_sample=False,
-        max_new_tokens=20,
-        tree_total_tokens=6,
-        tree_depth=3,
-        tree_top_k=2,
-    )
-    assert torch.equal(tree, plain)
+    assert_tree_decoding_equals_plain(target, draft, torch.randint(0, 128, (1, 9)))
 
 
 def test_packing_with_a_kernel_this_build_lacks_names_it(monkeypatch):
