@@ -209,6 +209,7 @@ class TestCommand:
         report = json.loads(output.read_text())
         assert set(report) >= {"splits", "forward_ms", "environment", "seconds", "ttt_steps", "arguments"}
         assert list(report["forward_ms"]) == ["1", "2"]
+        assert report["forward_dtype"] == "float32"  # "auto": the head's own here (conftest), else as timed
         for name, conversations in (("train", 3), ("heldout", 4)):
             split = report["splits"][name]
             assert split["conversations"] == conversations
@@ -223,6 +224,14 @@ class TestCommand:
         train = json.loads(again.read_text())["splits"]["train"]
         assert train["answers"].startswith("the target's own")
         assert train["top1"] == report["splits"]["train"]["top1"]
+
+    def test_the_draft_forward_is_timed_in_the_dtype_generate_drafts_in(self, folders, tmp_path, capsys):
+        output = tmp_path / "report.json"
+        assert diagnose_command.main(self.argv(folders, "--draft-dtype=bfloat16", f"--output={output}")) == 0
+        report = json.loads(output.read_text())
+        assert report["forward_dtype"] == "bfloat16" and report["environment"]["dtype"] == "float32"
+        assert report["forward_weights"] == "a bfloat16 copy of the head, stock weights"
+        assert "Head timed in bfloat16: a bfloat16 copy" in capsys.readouterr().out
 
     def test_benchmark_prompts_as_the_heldout_side_are_answered_by_the_target(self, folders, tmp_path):
         output = tmp_path / "report.json"
@@ -242,6 +251,7 @@ class TestCommand:
             (["--eval-samples=2"], "--eval-samples=2"),
             (["--heldout-data=mt_bench", "--answers=given"], "come without answers"),
             (["--heldout-offset=-1"], "--heldout-offset=-1"),
+            (["--draft-dtype=int8"], "--draft-dtype=int8: expected 'auto' or a floating dtype"),
         ],
     )
     def test_bad_flags_are_named_before_anything_loads(self, flags, message):
