@@ -39,3 +39,13 @@ def check_draft_dtype(parser, option: str, value: str) -> None:
         resolve_draft_dtype(value)
     except ValueError:
         parser.error(f"{option} {value}: expected 'auto' or a floating dtype name (float32, bfloat16)")
+
+
+def drafting_head_for(target, draft, requested: str, rows: int):
+    """The head as `generate(..., tree_draft_dtype=requested)` drafts with it (`draft_precision.drafting_head` on
+    the head prepared for `target`): the head itself, or its copy in another dtype (for `"auto"` timed here over
+    `rows` nodes, once, as the first generate call would, and kept for every later call)."""
+    from ..generation.decoding import prepare_draft
+    from ..generation.draft_precision import drafting_head
+
+    return drafting_head(prepare_draft(draft, target), requested, rows=rows)

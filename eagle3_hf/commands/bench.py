@@ -11,7 +11,7 @@ import sys
 
 from ..bench.measure import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
 from ..loading import DEFAULT_TARGET
-from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype
+from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype, drafting_head_for
 from .arguments import TARGET_DTYPES, TARGET_HELP
 
 
@@ -96,10 +96,7 @@ def pack_for_methods(target, draft, args, tree) -> str:
 def drafting_dtype(target, draft, tree, requested: str) -> str:
     """The dtype `generate` drafts in with `tree_draft_dtype=requested` (for `"auto"` decided here, once, as the
     first generate call would, and kept for every later call), for the report."""
-    from ..generation.decoding import prepare_draft
-    from ..generation.draft_precision import drafting_head
-
-    head = drafting_head(prepare_draft(draft, target), requested, rows=tree.top_k)
+    head = drafting_head_for(target, draft, requested, rows=tree.top_k)
     return str(head.fc.weight.dtype).removeprefix("torch.")
 
 

@@ -51,5 +51,6 @@ def prompt_lookup_chain(
             hits = torch.nonzero((earlier == sequence[-n:]).all(dim=1)).flatten()
             if hits.numel():
                 start = int(hits[-1]) + n
-                return sequence[start : start + (max_tokens if n > 1 else min(max_tokens, single_token_match_tokens))]
+                length = max_tokens if n > 1 else min(max_tokens, single_token_match_tokens)
+                return sequence[start : start + length]
     return sequence.new_empty(0)
