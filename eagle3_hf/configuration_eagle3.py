@@ -144,7 +144,8 @@ class Eagle3Config(LlamaConfig):
         if self.draft_layer_types is None:
             if self.draft_sliding_window is not None:
                 raise ValueError(
-                    f"draft_sliding_window={self.draft_sliding_window} but no draft_layer_types say which layers use it."
+                    f"draft_sliding_window={self.draft_sliding_window} but no draft_layer_types say which layers "
+                    "use it."
                 )
             return
         kinds = set(self.draft_layer_types)

@@ -567,8 +567,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
 
         `model_type: "eagle3"` folders take the stock Transformers path; official SafeAILab, SGLang/SpecForge,
         NVIDIA ModelOpt and vLLM speculators checkpoints are detected and converted (see
-        `eagle3_hf.checkpoints.reading` and docs/checkpoint-dialects.md). Every tensor is checked before anything is loaded;
-        problems raise `eagle3_hf.checkpoints.files.CheckpointFormatError` naming the file and field.
+        `eagle3_hf.checkpoints.reading` and docs/checkpoint-dialects.md). Every tensor is checked before anything is
+        loaded; problems raise `eagle3_hf.checkpoints.files.CheckpointFormatError` naming the file and field.
 
         Besides the stock arguments (`dtype`, `device_map`, `attn_implementation`, `revision`, `cache_dir`,
         `token`, `local_files_only`, `subfolder`, ...) it accepts:
@@ -592,10 +592,10 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
     ):
         """Save in the native format (safetensors + config) and write/update the model card `README.md`.
 
-        `model_card_kwargs` go to `eagle3_hf.checkpoints.model_card.create_or_update_model_card` (e.g. `repo_id`, the id or path
-        the card's snippets load the head from; default: `save_directory`). Use `draft.push_to_hub(repo_id)` to
-        upload (it writes our card and can export a serving dialect); `push_to_hub=True` here would upload before
-        the card is written, so it is refused.
+        `model_card_kwargs` go to `eagle3_hf.checkpoints.model_card.create_or_update_model_card` (e.g. `repo_id`, the
+        id or path the card's snippets load the head from; default: `save_directory`). Use
+        `draft.push_to_hub(repo_id)` to upload (it writes our card and can export a serving dialect); `push_to_hub=True`
+        here would upload before the card is written, so it is refused.
         """
         if push_to_hub:
             raise ValueError("save_pretrained(push_to_hub=True) is not supported: use draft.push_to_hub(repo_id).")
@@ -605,7 +605,8 @@ class Eagle3DraftModel(Eagle3PreTrainedModel):
         write_model_card(save_directory, self, is_main_process=is_main_process, **(model_card_kwargs or {}))
 
     def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload the head with its model card (`eagle3_hf.checkpoints.hub.push_to_hub`; `format="sglang"` by default)."""
+        """Upload the head with its model card (`eagle3_hf.checkpoints.hub.push_to_hub`; `format="sglang"` by
+        default)."""
         from .checkpoints.hub import push_to_hub
 
         return push_to_hub(self, repo_id, **kwargs)

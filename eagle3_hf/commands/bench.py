@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def report_greedy_mismatches(summary: dict, dtype) -> int:
     """The exit status: 1 when a greedy output computed in float32 or wider differed from plain `generate` (a bug:
-    decoding there is bit-identical), 0 otherwise. In lower precision a difference is reported, not failed: a tree verifies several rows
-    in one forward, whose kernels round differently from plain decoding's one row, and a bfloat16 or float16 near-tie
-    of the two best logits can then go the other way."""
+    decoding there is bit-identical), 0 otherwise. In lower precision a difference is reported, not failed: a tree
+    verifies several rows in one forward, whose kernels round differently from plain decoding's one row, and a bfloat16
+    or float16 near-tie of the two best logits can then go the other way."""
     import torch
 
     mismatches = sum(row["greedy_mismatches"] or 0 for row in summary["rows"] if "/" not in row["dataset"])

@@ -8,7 +8,8 @@ import argparse
 import sys
 
 
-# Kept in sync with eagle3_hf.checkpoints.writing.WRITABLE_DIALECTS (a test checks it); not imported so `--help` is fast.
+# Kept in sync with eagle3_hf.checkpoints.writing.WRITABLE_DIALECTS (a test checks it); not imported so that
+# `--help` is fast.
 DIALECTS = ("eagle3_hf", "eagle", "sglang", "speculators")
 
 
@@ -22,8 +23,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--to", dest="dialect", required=True, choices=DIALECTS, help="dialect to write")
     parser.add_argument(
         "--target",
-        help="the target model (folder, Hub id or .gguf file), loaded on CPU: gives the layer count, verifier id, context "
-        "length and token embedding (the speculators dialect ships it) and checks the head fits it",
+        help="the target model (folder, Hub id or .gguf file), loaded on CPU: gives the layer count, verifier id, "
+        "context length and token embedding (the speculators dialect ships it) and checks the head fits it",
     )
     parser.add_argument("--target-num-hidden-layers", type=int, help="target layer count L (default taps)")
     parser.add_argument("--target-layer-ids", type=int, nargs="+", help="target hidden_states indices fused by fc")

@@ -11,16 +11,15 @@ term of that moves with the head, the target, the vocabulary, the machine, its l
   `cost_window` observations without the slowest: robust to one slow step, unbiased for the throughput (a low
   quantile would favour the tree, whose rounds a busy machine slows more unevenly than plain steps), and following
   a machine that gets busier or a context that gets longer.
-- **Acceptance.** The conditional acceptance rate at each draft position, `alpha[j] = P(position j accepted |
-  positions < j accepted)`, per tree shape, from the rounds themselves: a round that accepted `a` draft tokens
-  reached positions `1 .. a + 1` and passed `1 .. a` (a position past the tree's depth passes only through a
-  grafted prompt-lookup chain). The expected draft tokens of a depth `d` tree are `sum_j prod_{i <= j} alpha[i]`,
-  over its `d` positions and the lookup positions past them that rounds reached. A shape with few observations
-  leans on the nearest measured shape (a prior worth `prior_weight` rounds), and a position beyond that on the one
-  before it, which is optimistic for depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
-  estimate is within `explore_margin` of the best, or rests on fewer than `explore_min_rounds` rounds (so that
-  one unlucky first round cannot condemn a depth; a neighbour measured clearly worse in enough rounds costs nothing
-  more).
+- **Acceptance.** The conditional acceptance rate at each draft position, `alpha[j] = P(position j accepted | positions
+  < j accepted)`, per tree shape, from the rounds themselves: a round that accepted `a` draft tokens reached positions
+  `1 .. a + 1` and passed `1 .. a` (a position past the tree's depth passes only through a grafted prompt-lookup
+  chain). The expected draft tokens of a depth `d` tree are `sum_j prod_{i <= j} alpha[i]`, over its `d` positions and
+  the lookup positions past them that rounds reached. A shape with few observations leans on the nearest measured shape
+  (a prior worth `prior_weight` rounds), and a position beyond that on the one before it, which is optimistic for
+  depths not tried yet; every `explore_every` tree rounds a neighbour of the best shape is tried, as long as its
+  estimate is within `explore_margin` of the best, or rests on fewer than `explore_min_rounds` rounds (so that one
+  unlucky first round cannot condemn a depth; a neighbour measured clearly worse in enough rounds costs nothing more).
 - **Probing.** While plain steps win, a tree round is still tried after `probe_interval` plain steps. After each
   probe the interval is what the probe budget allows: a probe is expected to lose `seconds * (1 - r)` against plain
   steps, `r` being the best tree's estimated tokens per second over plain steps', so probing every

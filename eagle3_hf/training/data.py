@@ -38,13 +38,14 @@ _FORMAT_VERSION = 2
 class DataStats:
     """Counts from `build_training_dataset` (also stored as JSON in `dataset.info.description`).
 
-    `read`: records read from the source (after `offset`/`limit`). `empty`: conversations with no user turn followed
-    by an assistant turn once cleaned. `invalid`: malformed records (unknown role, non-string content) or chat
-    template errors. `excluded`: records left out as asked (`exclude`: those that overlap the benchmark's evaluation
-    prompts, see `eagle3_hf.training.exclusion.screen_training_records`). `dropped`: overlong samples with
-    `overflow="drop"`, or truncated ones left with no assistant token. `truncated`: kept samples cut to `max_length`. `kept`: rows of the dataset. `approximate`: kept rows whose
-    template renders earlier turns differently from a conversation's end, so an assistant span was found by search
-    (see docs). `loss_tokens`/`tokens`: masked and total tokens kept. `fingerprint`: the dataset's fingerprint.
+    `read`: records read from the source (after `offset`/`limit`). `empty`: conversations with no user turn followed by
+    an assistant turn once cleaned. `invalid`: malformed records (unknown role, non-string content) or chat template
+    errors. `excluded`: records left out as asked (`exclude`: those that overlap the benchmark's evaluation prompts,
+    see `eagle3_hf.training.exclusion.screen_training_records`). `dropped`: overlong samples with `overflow="drop"`, or
+    truncated ones left with no assistant token. `truncated`: kept samples cut to `max_length`. `kept`: rows of the
+    dataset. `approximate`: kept rows whose template renders earlier turns differently from a conversation's end, so an
+    assistant span was found by search (see docs). `loss_tokens`/`tokens`: masked and total tokens kept. `fingerprint`:
+    the dataset's fingerprint.
     """
 
     read: int = 0

@@ -309,7 +309,8 @@ def regenerated_dataset(
 
     The answers go to the JSONL file `path` through `eagle3_hf.training.regenerate.regenerate`, which resumes: a
     file already holding these conversations is reused, one written by another target or for other records is
-    refused; only the file's conversations of these `records` are returned. On CPU the static KV cache is used (the same greedy answers, faster).
+    refused; only the file's conversations of these `records` are returned. On CPU the static KV cache is used (the
+    same greedy answers, faster).
 
     Args:
         records: chat records (`messages` or ShareGPT `conversations`); their assistant turns are discarded.

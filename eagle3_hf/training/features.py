@@ -423,7 +423,8 @@ class FeatureCache:
         return self._handles[index], self._offsets[index]
 
     def __getitem__(self, sample: int) -> dict[str, torch.Tensor]:
-        """`input_ids` `(seq,)`, `target_hidden_states` `(seq, len(layer_ids) * H)`, `final_hidden_states` `(seq, H)`."""
+        """`input_ids` `(seq,)`, `target_hidden_states` `(seq, len(layer_ids) * H)`, `final_hidden_states`
+        `(seq, H)`."""
         if not 0 <= sample < len(self):
             raise IndexError(f"sample {sample} is out of range for a feature cache of {len(self)} samples.")
         handle, offsets = self._shard(sample // self.plan.samples_per_shard)

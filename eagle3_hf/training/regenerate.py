@@ -264,7 +264,8 @@ def regenerate(
 
     Args:
         model, tokenizer: the target and its tokenizer (which needs a chat template).
-        source: anything `eagle3_hf.training.records.iter_records` reads (a file, `"sharegpt"`, a `datasets.Dataset`, a list).
+        source: anything `eagle3_hf.training.records.iter_records` reads (a file, `"sharegpt"`, a
+            `datasets.Dataset`, a list).
             Assistant turns in it are discarded; user turns (and a leading system message) are kept.
         output_path: JSONL output. Each line is `{"index", "id", "messages", "finish_reasons", "model", "dtype",
             "decoding"}`, where `index` is the record's position in the source, `dtype` the one the model computed

@@ -179,7 +179,8 @@ class Eagle3Trainer(Trainer):
             raise ValueError(
                 f"feature_mode={self.args.feature_mode!r} but the batch "
                 f"{'carries' if offline else 'lacks'} cached target_hidden_states. Offline training needs a "
-                "CachedFeatureDataset (eagle3_hf.training.features); online training needs plain input_ids/loss_mask samples."
+                "CachedFeatureDataset (eagle3_hf.training.features); online training needs plain "
+                "input_ids/loss_mask samples."
             )
         if offline:
             return offline_target_outputs(
