@@ -253,7 +253,7 @@ def test_bench_command_rejects_a_wrong_draft_dtype_and_passes_a_right_one_to_gen
 
     with pytest.raises(SystemExit):  # before loading any model
         main(["--draft-dtype", "int8"])
-    assert "--draft-dtype int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err
+    assert "--draft-dtype=int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err
     assert (
         tree_kwargs_from_args(make_parser().parse_args(["--draft-dtype", "float32"]))["tree_draft_dtype"] == "float32"
     )

@@ -89,4 +89,4 @@ def test_tune_refuses_a_wrong_draft_dtype_before_loading(capsys):
 
     with pytest.raises(SystemExit):
         main(["--draft-dtype", "int8"])
-    assert "--draft-dtype int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err
+    assert "--draft-dtype=int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err

@@ -30,15 +30,23 @@ def add_draft_dtype_argument(parser) -> None:
     )
 
 
-def check_draft_dtype(parser, option: str, value: str) -> None:
-    """Exit through `parser.error` unless `value` names a dtype the head can draft in (`generate`'s
-    `tree_draft_dtype`: 'auto' or a floating dtype name); checked before any model is loaded."""
+def draft_dtype_problem(option: str, value: str) -> str | None:
+    """What is wrong with `value` as a dtype the head can draft in (`generate`'s `tree_draft_dtype`: 'auto' or a
+    floating dtype name), naming `option`; None when it is fine. Checked before any model is loaded."""
     from ..generation.draft_precision import resolve_draft_dtype
 
     try:
         resolve_draft_dtype(value)
     except ValueError:
-        parser.error(f"{option} {value}: expected 'auto' or a floating dtype name (float32, bfloat16)")
+        return f"{option}={value}: expected 'auto' or a floating dtype name (float32, bfloat16)."
+    return None
+
+
+def check_draft_dtype(parser, option: str, value: str) -> None:
+    """Exit through `parser.error` when `draft_dtype_problem` finds `value` wrong."""
+    problem = draft_dtype_problem(option, value)
+    if problem:
+        parser.error(problem)
 
 
 def drafting_head_for(target, draft, requested: str, rows: int):

@@ -29,7 +29,7 @@ from transformers import HfArgumentParser
 
 from ..bench.prompts import SHAREGPT_HELDOUT_START
 from ..loading import DEFAULT_TARGET
-from . import PACK_WEIGHTS_MODES, drafting_head_for
+from . import PACK_WEIGHTS_MODES, draft_dtype_problem, drafting_head_for
 from .arguments import TARGET_HELP, DataArguments
 
 
@@ -130,14 +130,9 @@ def _check(args: DiagnoseArguments, data_args: DiagnoseDataArguments) -> None:
     for flag, value in positive.items():
         if value is not None and value < 1:
             raise ValueError(f"{flag}={value} must be >= 1.")
-    from eagle3_hf.generation.draft_precision import resolve_draft_dtype
-
-    try:
-        resolve_draft_dtype(args.draft_dtype)
-    except ValueError:
-        raise ValueError(
-            f"--draft-dtype={args.draft_dtype}: expected 'auto' or a floating dtype name (float32, bfloat16)."
-        ) from None
+    problem = draft_dtype_problem("--draft-dtype", args.draft_dtype)
+    if problem:
+        raise ValueError(problem)
     if data_args.eval_samples:
         raise ValueError(
             f"--eval-samples={data_args.eval_samples}: diagnose scores --data-offset/--data-limit as they are; "
