@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 from .assets import SMOLLM2_GGUF
+from .cpu_features import warn_if_emulated
 from .modeling_eagle3 import Eagle3DraftModel
 
 
@@ -95,6 +96,9 @@ def load_target_model(
     else:
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **kwargs)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    warn_if_emulated(
+        model.dtype, f"the target {str(name_or_path)!r} in {str(model.dtype).removeprefix('torch.')}", device
+    )
     return model.to(device).eval()
 
 

@@ -101,7 +101,8 @@ def test_no_package_modules_import_each_other():
 def test_subpackages_group_the_concerns():
     top_level = sorted(path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
     assert top_level == [
-        "assets", "atomic", "cli", "configuration_eagle3", "loading", "modeling_eagle3", "target", "vocab_maps",
+        "assets", "atomic", "cli", "configuration_eagle3", "cpu_features", "loading", "modeling_eagle3", "target",
+        "vocab_maps",
     ]  # fmt: skip
     for subpackage in ("bench", "checkpoints", "commands", "generation", "training"):
         assert (PACKAGE / subpackage / "__init__.py").is_file()

@@ -116,27 +116,18 @@ def bench_command(argv: list[str] | None) -> str:
     return "eagle3-hf bench " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (`/proc/cpuinfo` on Linux), else what `platform` knows: speed claims name the machine."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_description() -> str:
     import os
 
     import torch
 
+    from eagle3_hf.cpu_features import cpu_model, describe_cpu_features
+
     if torch.cuda.is_available():
         device = torch.cuda.get_device_name(0)
     else:
-        device = f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+        features = describe_cpu_features()
+        device = f"{cpu_model()} ({features}), {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
     return f"{platform.machine()} {device}, torch {torch.__version__}"
 
 

@@ -18,7 +18,6 @@ the text `bench` measures speed on, at a fraction of a benchmark's cost:
 import hashlib
 import json
 import logging
-import platform
 import shutil
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from transformers import HfArgumentParser
 
 from ..bench.prompts import SHAREGPT_HELDOUT_START
+from ..cpu_features import cpu_model, describe_cpu_features
 from ..loading import DEFAULT_TARGET
 from . import PACK_WEIGHTS_MODES, draft_dtype_problem, drafting_head_for
 from .arguments import TARGET_HELP, DataArguments
@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             "device": str(draft.fc.weight.device),
             "dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
-            "processor": platform.processor() or platform.machine(),
+            "processor": cpu_model(),
+            "cpu_features": describe_cpu_features(),
             "torch": torch.__version__,
         },
         "seconds": {"total": round(time.perf_counter() - started, 1), "scoring": round(scoring_seconds, 1)},

@@ -15,11 +15,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import eagle3_hf
     from eagle3_hf.assets import ALL_ASSETS
+    from eagle3_hf.cpu_features import cpu_model, describe_cpu_features
 
     print(
         f"eagle3_hf {eagle3_hf.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
         f"python {platform.python_version()}, cuda available: {torch.cuda.is_available()}"
     )
+    print(f"cpu: {cpu_model()} ({describe_cpu_features()}), {torch.get_num_threads()} torch threads")
     for name, asset in ALL_ASSETS.items():
         try:
             print(f"{name:<11} {asset.path()}")

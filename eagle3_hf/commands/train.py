@@ -210,10 +210,25 @@ def check_distributed_launch(args: Eagle3TrainingArguments) -> None:
         )
 
 
+def warn_about_emulated_precision(args: Eagle3TrainingArguments) -> list[str]:
+    """Warn when `--bf16` or `--fp16` asks the head to compute in a half precision this CPU has no instructions
+    for (`eagle3_hf.cpu_features`): such a run is many times slower than in float32. Returns the flags warned about
+    (the target's `--target_dtype` is checked where it is loaded)."""
+    from eagle3_hf.cpu_features import warn_if_emulated
+
+    flags = [(flag, dtype) for flag, dtype in (("bf16", "bfloat16"), ("fp16", "float16")) if getattr(args, flag)]
+    return [
+        f"--{flag}"
+        for flag, dtype in flags
+        if warn_if_emulated(dtype, f"--{flag} true (the head computes in {dtype})", args.device)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     model_args, data_args, args = make_parser().parse_args_into_dataclasses(args=argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     check_distributed_launch(args)
+    warn_about_emulated_precision(args)
     from eagle3_hf.loading import DEFAULT_TARGET, load_target
     from eagle3_hf.training.heads import build_draft_head
     from eagle3_hf.training.trainer import Eagle3Trainer
