@@ -216,12 +216,12 @@ def warn_about_emulated_precision(args: Eagle3TrainingArguments) -> list[str]:
     (the target's `--target_dtype` is checked where it is loaded)."""
     from eagle3_hf.cpu_features import warn_if_emulated
 
-    flags = [(flag, dtype) for flag, dtype in (("bf16", "bfloat16"), ("fp16", "float16")) if getattr(args, flag)]
-    return [
-        f"--{flag}"
-        for flag, dtype in flags
-        if warn_if_emulated(dtype, f"--{flag} true (the head computes in {dtype})", args.device)
-    ]
+    warned = []
+    for flag, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
+        what = f"--{flag} true (the head computes in {dtype})"
+        if getattr(args, flag) and warn_if_emulated(dtype, what, args.device):
+            warned.append(f"--{flag}")
+    return warned
 
 
 def main(argv: list[str] | None = None) -> int:
