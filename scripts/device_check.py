@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -59,6 +58,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 import eagle3_hf  # noqa: E402
 from eagle3_hf import Eagle3DraftModel  # noqa: E402
 from eagle3_hf.bench.measure import StepClock  # noqa: E402
+from eagle3_hf.cpu_features import cpu_model, describe_cpu_features  # noqa: E402
 from eagle3_hf.generation.cuda_attention import leave_sdpa_to_torch, speculative_attention_kernels  # noqa: E402
 from eagle3_hf.generation.drafter import TreeDrafter  # noqa: E402
 from eagle3_hf.generation.verify import attention_layer_kinds, verify_tree  # noqa: E402
@@ -888,7 +888,11 @@ def environment(device: torch.device, args) -> dict:
     info = {
         "mode": "smoke" if args.smoke else "full",
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_name": (
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"{cpu_model()} ({describe_cpu_features()})"
+        ),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,

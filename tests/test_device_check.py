@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from eagle3_hf.cpu_features import cpu_model, describe_cpu_features
+
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "device_check.py"
@@ -27,6 +29,7 @@ def test_smoke_run_reports_identical_greedy_and_every_measurement(tmp_path):
     assert markdown.startswith("# EAGLE-3 device check")
     assert report["errors"] == []
     assert report["meta"]["mode"] == "smoke"
+    assert report["meta"]["device_name"] == f"{cpu_model()} ({describe_cpu_features()})"  # e.g. "AMD EPYC (AVX2)"
 
     correctness = report["correctness"]
     assert set(correctness["architectures"]) == {"llama", "qwen3", "mistral-sliding", "gemma3-sliding"}

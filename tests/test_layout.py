@@ -180,6 +180,18 @@ def test_every_repository_path_the_docs_name_exists():
     assert [f"{document}: {path}" for document, path in paths if not (ROOT / path).exists()] == []
 
 
+def test_package_data_ships_every_file_the_package_reads():
+    """A wheel carries only `.py` files and the globs of `[tool.setuptools.package-data]`: the model card template
+    (`checkpoints/templates/model_card.md`) was once listed as `templates/*` and left out of every non-editable install."""
+    import tomllib
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["eagle3_hf"]
+    shipped = {path for pattern in globs for path in PACKAGE.glob(pattern) if path.is_file()}
+    data_files = {path for path in PACKAGE.rglob("*") if path.is_file() and path.suffix not in (".py", ".pyc")}
+    assert PACKAGE / "checkpoints" / "templates" / "model_card.md" in data_files
+    assert sorted(str(path.relative_to(PACKAGE)) for path in data_files - shipped) == []
+
+
 def test_the_top_level_public_names():
     import eagle3_hf
 
