@@ -355,8 +355,9 @@ ADAPTIVE_NODE_COUNTS = (4, 8, 16, 32, 64)
 
 
 def _candidate_node_counts(model: PreTrainedModel, settings: TreeSettings, adaptive: bool) -> list[int]:
-    """The start shape's node count alone where each count is packed separately (float32 on CPU: one weight copy
-    per count), else the start's and `ADAPTIVE_NODE_COUNTS` up to what the tree's depth and width can hold."""
+    """The start shape's node count alone where the target's weights are packed for it (float32 on CPU; MKL keeps a
+    weight copy per count, so counts are never added on the fly), else the start's and `ADAPTIVE_NODE_COUNTS` up to
+    what the tree's depth and width can hold."""
     if not adaptive or is_packable_target(model):
         return [settings.total_tokens]
     largest = TreeSettings(settings.total_tokens, _max_depth(settings, adaptive), settings.top_k).max_nodes
