@@ -220,8 +220,12 @@ def test_return_dict_with_scores_and_all_hidden_states():
     reference = greedy(target, ids, **kwargs)
     torch.testing.assert_close(out.sequences, reference.sequences, rtol=0, atol=0)
     assert len(out.scores) == 8 and generator.model_kwargs_overrides == {"output_hidden_states": True}
-    # every layer's hidden states come back (a superset of the tapped layers), one tuple per step as usual
-    assert all(h is not None for h in out.hidden_states[-1])
+    # every layer's hidden states come back (a superset of the tapped layers), one tuple per step as plain greedy's
+    assert len(out.hidden_states) == len(reference.hidden_states) == 8
+    for step, (ours, plain) in enumerate(zip(out.hidden_states, reference.hidden_states, strict=True)):
+        assert len(ours) == len(plain) == target.config.num_hidden_layers + 1, step
+        for layer, (mine, theirs) in enumerate(zip(ours, plain, strict=True)):
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5, msg=f"step {step}, layer {layer}")
 
 
 # -------------------------------------------------------------------------------------------------- sampling

@@ -135,8 +135,15 @@ def test_a_bfloat16_draft_samples_with_sampled_trees(tiny_draft):
         max_new_tokens=16,
         tree_adaptive=False,
         return_dict_in_generate=True,
+        output_draft_trees=True,
     )
     assert out.sequences.shape[1] == 8 + 16 and len(out.round_shapes) >= 1
+    # the trees were drawn from the head's distribution (sampled trees carry it; a root-only tree, for the last token,
+    # draws nothing), by the head's bfloat16 copy
+    drafted = [tree for tree in out.draft_trees if tree.num_nodes > 1]
+    assert drafted and all(tree.sampled is not None and tree.draft_probs is not None for tree in drafted)
+    assert draft_precision._COPIES[tiny_draft][torch.bfloat16][1].fc.weight.dtype == torch.bfloat16
+    assert tiny_draft.fc.weight.dtype == torch.float32
 
 
 def test_generate_refuses_a_wrong_draft_dtype_by_name(tiny_target, tiny_draft):

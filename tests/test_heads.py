@@ -122,8 +122,10 @@ def test_identity_layers_compute_exactly_what_the_first_layer_alone_computes(tar
     for layer in draft.layers[1:]:
         assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
         assert layer.self_attn.q_proj.weight.any() and layer.mlp.up_proj.weight.any()  # still learn from step 1
-    for ours, single in zip(step_logits(draft), step_logits(first_layer_only(draft, target))):
-        assert torch.equal(ours, single)
+    ours, single = step_logits(draft), step_logits(first_layer_only(draft, target))
+    assert len(ours) == len(single) > 1
+    for mine, theirs in zip(ours, single, strict=True):
+        assert torch.equal(mine, theirs)
 
 
 def test_grown_head_keeps_every_tensor_and_its_logits(target, tmp_path):

@@ -18,7 +18,6 @@ def test_layer_id_L_is_the_last_layers_output_before_the_final_norm(tiny_target)
     ids = torch.tensor([[1, 2, 3, 4]])
     _, features = target_forward_with_features(tiny_target, [2, 8], input_ids=ids)
     decoder = tiny_target.model
-    expected = decoder.embed_tokens(ids)
     full = tiny_target(ids, output_hidden_states=True).hidden_states
     expected = full[7]
     positions = torch.arange(4)[None]

@@ -412,7 +412,11 @@ def test_train_command_starts_from_the_target_and_can_freeze_lm_head(tmp_path):
     head = Eagle3DraftModel.from_pretrained(output_dir)
     rows = head.draft_to_target_ids(torch.arange(64))
     torch.testing.assert_close(head.lm_head.weight, target.get_output_embeddings().weight[rows])
+    # --init_fc_from_top_feature: fc started as [0 | 0 | I] (it passes the top tapped feature through); two Adam steps
+    # of 1e-2 move each weight by about 0.02 at most, so it is still near that start, and no longer on it.
     fc_top = head.fc.weight[:, -head.config.target_hidden_size :]
+    assert (fc_top - torch.eye(head.config.hidden_size)).abs().max() < 0.05
+    assert head.fc.weight[:, : -head.config.target_hidden_size].abs().max() < 0.05
     assert not torch.allclose(fc_top, torch.eye(head.config.hidden_size))  # trained away from its start
 
     # Continuing that head with --draft_vocab_file switches it to another vocabulary, rows from the target.
