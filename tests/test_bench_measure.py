@@ -258,3 +258,27 @@ def test_bench_command_rejects_a_wrong_draft_dtype_and_passes_a_right_one_to_gen
         tree_kwargs_from_args(make_parser().parse_args(["--draft-dtype", "float32"]))["tree_draft_dtype"] == "float32"
     )
     assert "tree_draft_dtype" not in tree_kwargs_from_args(make_parser().parse_args([]))  # auto: generate's default
+
+
+@pytest.mark.parametrize(
+    "methods, target_rows, draft_rows",
+    [
+        (["plain", "tree"], [12], [2, 3, 4, 5, 8]),  # 12 nodes; frontier 8; accepted paths of 1 to depth + 1 tokens
+        (["plain", "chain"], [12, 6], [2, 3, 4, 5, 8]),  # + chain mode's 5 drafted tokens and its bonus
+        (["plain", "prompt_lookup"], [12, *range(2, 12)], [2, 3, 4, 5, 8]),  # + every prompt-lookup length
+        (["plain", "tree_lookup"], [12], [2, 3, 4, 5, 8, 2, 3, 4, 5, 6, 7]),  # + paths as long as the chain
+        (["plain", "adaptive"], [12], [2, 3, 4, 5, 8, 2, 3, 4, 5, 6, 7]),  # + trees two levels deeper
+    ],
+)
+def test_bench_packs_the_rows_every_benchmarked_method_verifies(methods, target_rows, draft_rows, monkeypatch):
+    from eagle3_hf.commands.bench import make_parser, pack_for_methods
+    from eagle3_hf.generation.decoding import TreeSettings
+
+    calls = []
+    monkeypatch.setattr(
+        "eagle3_hf.generation.cpu_packing.pack_for_decoding",
+        lambda target, draft, target_rows, draft_rows, mode: calls.append((target_rows, draft_rows, mode)) or "packed",
+    )
+    args = make_parser().parse_args(["--methods", *methods, "--pack-weights", "on"])
+    assert pack_for_methods("target", "draft", args, TreeSettings(12, 4, 8, lookup_tokens=6)) == "packed"
+    assert calls == [(target_rows, draft_rows, "on")]

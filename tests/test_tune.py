@@ -90,3 +90,50 @@ def test_tune_refuses_a_wrong_draft_dtype_before_loading(capsys):
     with pytest.raises(SystemExit):
         main(["--draft-dtype", "int8"])
     assert "--draft-dtype=int8: expected 'auto' or a floating dtype name" in capsys.readouterr().err
+
+
+def test_tune_command_writes_every_shape_and_saves_the_winner(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    from eagle3_hf.commands.tune import SHAPE_KEYS, main
+
+    head_dir = tmp_path / "head"
+    head_dir.mkdir()
+    (head_dir / "generation_config.json").write_text(json.dumps({"tree_depth": 9, "my_setting": "kept"}))
+    loaded = {}
+
+    def load_default_pair(head=None, target=None):
+        loaded.update(head=head, target=target)
+        return tiny_target, make_word_tokenizer(), tiny_draft
+
+    prompts = [EvalPrompt("mt_bench", "1", "writing", ["w1 w2 w3"]), EvalPrompt("mt_bench", "2", "writing", ["w9"])]
+    monkeypatch.setattr("eagle3_hf.loading.load_default_pair", load_default_pair)
+    monkeypatch.setattr("eagle3_hf.bench.prompts.load_prompts", lambda names, limit, num_turns, offset: prompts)
+    output = tmp_path / "out" / "tune.json"
+    argv = ["--head", str(head_dir), "--total-tokens", "4", "6", "--depth", "2", "3", "--top-k", "2"]
+    argv += ["--lookup-tokens", "0", "3", "--max-new-tokens", "5", "--pack-weights", "off"]
+    assert main([*argv, "--output", str(output), "--save"]) == 0
+
+    assert loaded["head"] == str(head_dir)
+    report = json.loads(output.read_text())
+    measured = {tuple(row[key] for key in SHAPE_KEYS) for row in report["shapes"]}
+    assert measured == {(n, d, 2, lookup) for n in (4, 6) for d in (2, 3) for lookup in (0, 3)}
+    fastest = report["shapes"][0]
+    assert fastest["speedup"] == max(row["speedup"] for row in report["shapes"])
+    adaptive = report["adaptive_from_fastest"]  # generate's planner, started from the winner
+    assert {key: adaptive[key] for key in SHAPE_KEYS} == {key: fastest[key] for key in SHAPE_KEYS}
+    assert adaptive["speedup"] > 0
+    saved = json.loads((head_dir / "generation_config.json").read_text())
+    assert {key: saved[key] for key in SHAPE_KEYS} == {key: fastest[key] for key in SHAPE_KEYS}
+    assert saved["my_setting"] == "kept"
+
+
+def test_tune_refuses_negative_lookup_tokens_and_a_head_it_cannot_save_to(tmp_path, monkeypatch):
+    from eagle3_hf.commands.tune import main
+
+    def never_loaded(*args, **kwargs):
+        raise AssertionError("tune loaded the models before checking its arguments")
+
+    monkeypatch.setattr("eagle3_hf.loading.load_default_pair", never_loaded)
+    with pytest.raises(SystemExit, match="--lookup-tokens must be non-negative"):
+        main(["--lookup-tokens", "-1"])
+    with pytest.raises(SystemExit, match="--save needs a local head folder; --head someone/eagle3-head is not one"):
+        main(["--head", "someone/eagle3-head", "--save"])

@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if min(args.lookup_tokens) < 0:
         raise SystemExit(f"--lookup-tokens must be non-negative, got {args.lookup_tokens}.")
+    head_dir = Path(args.head or DEFAULT_HEAD_DIR)
+    if args.save and not head_dir.is_dir():  # before the sweep, not after minutes of it
+        raise SystemExit(f"--save needs a local head folder; --head {head_dir} is not one.")
     try:
         shapes = valid_shapes(args.total_tokens, args.depth, args.top_k)
     except ValueError as error:
@@ -235,9 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"adaptive default starting there (what generate does with it): {adaptive['speedup']:.2f}x")
     Path(args.output).write_text(json.dumps({"shapes": results, "adaptive_from_fastest": adaptive}, indent=1))
     if args.save:
-        head_dir = Path(args.head or DEFAULT_HEAD_DIR)
-        if not head_dir.is_dir():
-            raise SystemExit(f"--save needs a local head folder; {head_dir} is not one.")
         save_tree_settings(head_dir, best)
         print(f"saved to {head_dir / 'generation_config.json'} (generate's starting shape at every temperature)")
     return 0
