@@ -61,6 +61,17 @@ def target():
 
 
 # ------------------------------------------------------------------------------------------------------ sizes
+def test_a_fresh_head_starts_its_output_from_the_target_unless_told_not_to(target):
+    started = build_draft_head(target, draft_vocab_size=64, init_fc_from_top_feature=True)
+    rows = target.get_output_embeddings().weight[started.draft_to_target_ids(torch.arange(64))]
+    assert torch.equal(started.lm_head.weight, rows)
+    hidden = target.config.hidden_size
+    assert torch.equal(started.fc.weight[:, -hidden:], torch.eye(hidden)) and not started.fc.weight[:, :-hidden].any()
+    random = build_draft_head(target, draft_vocab_size=64, init_from_target=False, init_fc_from_top_feature=True)
+    assert not torch.allclose(random.lm_head.weight, rows, atol=1e-3)  # the random init, not the target's rows
+    assert not torch.allclose(random.fc.weight[:, -hidden:], torch.eye(hidden), atol=0.5)  # fc follows lm_head
+
+
 def test_size_options_shape_a_fresh_head(target):
     draft = build_draft_head(target, draft_vocab_size=64, num_hidden_layers=3, intermediate_size=48)
     assert draft.config.num_hidden_layers == 3 and draft.config.intermediate_size == 48

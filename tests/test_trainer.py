@@ -391,19 +391,42 @@ def test_train_command_saves_a_loadable_head(tmp_path, feature_mode):
         assert (tmp_path / "features" / "eval" / "manifest.json").is_file()
 
 
+def sharp_target_and_chats(tmp_path, num_chats: int):
+    """A sharp tiny target (with its word tokenizer) saved in `tmp_path/target`, `num_chats` short chats in
+    `tmp_path/chats.jsonl`; returns `(target, its folder)`."""
+    target = make_sharp_target()
+    target.save_pretrained(tmp_path / "target")
+    make_word_tokenizer().save_pretrained(tmp_path / "target")
+    with open(tmp_path / "chats.jsonl", "w") as file:
+        for i in range(num_chats):
+            turns = [{"from": "human", "value": f"w{i} w{i + 1}"}, {"from": "gpt", "value": f"w{i + 2} w{i + 3} w{i}"}]
+            file.write(json.dumps({"conversations": turns}) + "\n")
+    return target, tmp_path / "target"
+
+
+def test_train_command_single_feature_taps_one_layer(tmp_path):
+    """--single_feature: the EAGLE-1/2 style ablation, one tapped layer (L - 3) instead of three fused ones."""
+    from eagle3_hf.commands.train import main
+
+    target, target_dir = sharp_target_and_chats(tmp_path, num_chats=4)
+    output_dir = tmp_path / "head"
+    argv = [f"--target_model_name_or_path={target_dir}", f"--data={tmp_path / 'chats.jsonl'}", "--single_feature"]
+    argv += [f"--output_dir={output_dir}", "--draft_vocab_size=64", "--max_steps=1", "--ttt_steps=2"]
+    argv += ["--per_device_train_batch_size=2", "--use_cpu", "--report_to=none", "--disable_tqdm=true"]
+    assert main(argv) == 0
+    head = Eagle3DraftModel.from_pretrained(output_dir)
+    layers = target.config.num_hidden_layers
+    assert head.config.target_layer_ids == [layers - 3]
+    assert head.fc.in_features == target.config.hidden_size  # one feature, not three
+
+
 def test_train_command_starts_from_the_target_and_can_freeze_lm_head(tmp_path):
     """The default fresh head starts from the target's output rows; --freeze_lm_head keeps them through training
     while the rest of the head moves."""
     from eagle3_hf.commands.train import main
 
-    target_dir, output_dir = tmp_path / "target", tmp_path / "head"
-    target = make_sharp_target()
-    target.save_pretrained(target_dir)
-    make_word_tokenizer().save_pretrained(target_dir)
-    with open(tmp_path / "chats.jsonl", "w") as file:
-        for i in range(6):
-            turns = [{"from": "human", "value": f"w{i} w{i + 1}"}, {"from": "gpt", "value": f"w{i + 2} w{i + 3} w{i}"}]
-            file.write(json.dumps({"conversations": turns}) + "\n")
+    target, target_dir = sharp_target_and_chats(tmp_path, num_chats=6)
+    output_dir = tmp_path / "head"
     argv = [f"--target_model_name_or_path={target_dir}", f"--data={tmp_path / 'chats.jsonl'}"]
     argv += [f"--output_dir={output_dir}", "--draft_vocab_size=64", "--max_steps=2", "--ttt_steps=2"]
     argv += ["--per_device_train_batch_size=2", "--learning_rate=1e-2", "--use_cpu", "--report_to=none"]
