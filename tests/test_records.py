@@ -147,3 +147,24 @@ class TestJsonReader:
 
 
 # ----------------------------------------------------------------------------------------------- loss masks
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+@pytest.mark.parametrize("layout", ["jsonl", "array"])
+def test_a_bad_record_before_the_end_raises_instead_of_ending_the_file(tmp_path, monkeypatch, chunk, layout):
+    """Only a cut-off last record is skipped: a broken one with more records after it would otherwise silently
+    drop everything that follows it."""
+    monkeypatch.setattr(records_module, "_READ_CHUNK", chunk)
+    records = TestJsonReader.RECORDS
+    if layout == "jsonl":
+        lines = [json.dumps(r) for r in records]
+        lines[2] = lines[2][:-5] + "}"  # its last string and brackets lost: invalid JSON, still one line
+        text, line = "\n".join(lines) + "\n", 3
+    else:
+        text = json.dumps(records, indent=2)
+        start = text.index('"id": "2"')
+        text, line = text[:start] + '"id": 2 2,' + text[start + len('"id": "2",') :], text[:start].count("\n") + 1
+    path = tmp_path / f"bad.{layout}"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"{path.name}:{line} is not valid JSON .* Read 2 records before it"):
+        list(iter_json_records(path))

@@ -3,6 +3,7 @@
 import argparse
 import logging
 from dataclasses import fields
+from pathlib import Path
 
 from ..training.exclusion import EVALUATION_SETS, MIN_WORDS, NGRAM
 from .arguments import DataArguments
@@ -42,12 +43,30 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.data != "sharegpt" and not Path(args.data).is_file():
+        parser.error(f"data: {args.data} is not a file (a ShareGPT/chat JSON or JSONL file, or 'sharegpt').")
+    if args.ngram < 1 or not 1 <= args.min_words <= args.ngram:
+        parser.error(f"--ngram {args.ngram} --min-words {args.min_words}: expected 1 <= --min-words <= --ngram.")
+    if args.data_offset < 0 or (args.data_limit is not None and args.data_limit < 1):
+        parser.error(f"--data-offset {args.data_offset} --data-limit {args.data_limit}: expected >= 0 and >= 1.")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from eagle3_hf.training.exclusion import EvaluationIndex, check_evaluation_overlap
 
     index = EvaluationIndex.from_benchmarks(args.eval_sets, n=args.ngram, min_words=args.min_words)
-    report = check_evaluation_overlap(args.data, index, offset=args.data_offset, limit=args.data_limit)
+    try:
+        report = check_evaluation_overlap(args.data, index, offset=args.data_offset, limit=args.data_limit)
+    except ValueError as error:  # a record that is not JSON, bytes that are not UTF-8: named with file and line
+        raise SystemExit(f"eagle3-hf check-data: {error}") from None
+    # A check of nothing must not pass as a clean one.
+    if report.checked == 0:
+        raise SystemExit(f"eagle3-hf check-data: {args.data} has no records from --data-offset {args.data_offset}.")
+    if report.invalid == report.checked:
+        raise SystemExit(
+            f"eagle3-hf check-data: none of the {report.checked} records of {args.data} is a chat record "
+            "('conversations' in ShareGPT form or 'messages' in chat form), so nothing was checked."
+        )
     offending = report.offending
     print(
         f"{args.data}: {report.checked} records checked ({report.invalid} invalid), {len(offending)} overlap the "

@@ -58,8 +58,9 @@ def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
     """Stream the records of a JSON array file or a JSONL file (optionally `.gz`), one at a time.
 
     A file cut off mid-record (the shipped ShareGPT file is), even inside a multi-byte UTF-8 character, yields every
-    complete record, then logs a warning with the count read; it never raises for that. Bytes that are not UTF-8
-    before the last line raise `ValueError` naming the file and line. Memory stays around one record plus a 1 MiB
+    complete record, then logs a warning with the count read; it never raises for that. A record that is not valid
+    JSON with more of the file after it, and bytes that are not UTF-8 before the last line, raise `ValueError` naming
+    the file and line. Memory stays around one record plus a 1 MiB
     read buffer.
     """
     path = Path(path)
@@ -71,15 +72,17 @@ def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
     with opener(path, "rb") as file:
         utf8 = codecs.getincrementaldecoder("utf-8")()
         buffer, position, at_eof, lines_read, dropped = "", 0, False, 0, 0
+        lines_before_buffer = 0  # newlines in the text already dropped from the buffer, for error messages
 
         def refill() -> bool:
-            nonlocal buffer, position, at_eof, lines_read, dropped
+            nonlocal buffer, position, at_eof, lines_read, dropped, lines_before_buffer
             raw = file.read(_READ_CHUNK) if not at_eof else b""
             try:
                 chunk = utf8.decode(raw, final=not raw)
             except UnicodeDecodeError as error:
                 (chunk, dropped), raw = _decode_cut_last_line(path, file, error, lines_read), b""
             lines_read += raw.count(b"\n")
+            lines_before_buffer += buffer.count("\n", 0, position)
             buffer, position, at_eof = buffer[position:] + chunk, 0, not raw
             return bool(raw)
 
@@ -106,6 +109,14 @@ def iter_json_records(path: str | os.PathLike) -> Iterator[Any]:
             try:
                 record, end = decoder.raw_decode(buffer, position)
             except json.JSONDecodeError as error:
+                # A record that merely runs past the buffer (or the file) fails where the text ends (an unterminated
+                # string: where it starts, on the same line); a failure with more lines after it is a bad record.
+                if "\n" in buffer[error.pos :].rstrip():
+                    line = lines_before_buffer + buffer.count("\n", 0, error.pos) + 1
+                    raise ValueError(
+                        f"{path}:{line} is not valid JSON ({error.msg}), and more of the file follows it; only a "
+                        f"record cut off at the end of the file is skipped. Read {count} records before it."
+                    ) from error
                 if refill():  # the record continues past the buffer
                     continue
                 logger.warning(
