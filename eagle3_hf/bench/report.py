@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from ..atomic import write_text_atomically
 from .measure import TREE_METHODS
 
 
@@ -116,9 +117,10 @@ def write_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "results.json"
-    json_path.write_text(json.dumps({"machine": machine, "command": command, **summary}, indent=1))
+    # renamed into place once complete: `push --results` reads it, and a killed run must not leave half of it
+    write_text_atomically(json_path, json.dumps({"machine": machine, "command": command, **summary}, indent=1))
     md_path = out_dir / "results.md"
-    md_path.write_text(markdown_table(summary, machine, command))
+    write_text_atomically(md_path, markdown_table(summary, machine, command))
     paths = [json_path, md_path]
     if plots:
         paths += write_plots(summary, out_dir)

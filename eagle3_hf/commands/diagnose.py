@@ -26,6 +26,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
+from ..atomic import write_text_atomically
 from ..bench.prompts import SHAREGPT_HELDOUT_START
 from ..cpu_features import cpu_model, describe_cpu_features
 from ..loading import DEFAULT_TARGET
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nHead timed in {forward_dtype}: {packing}. {report['seconds']['total']} s in all.")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_text_atomically(args.output, json.dumps(report, indent=2) + "\n")
         print(f"Report written to {args.output}")
     return 0
 

@@ -13,6 +13,7 @@ import itertools
 import json
 from pathlib import Path
 
+from ..atomic import write_text_atomically
 from ..loading import DEFAULT_TARGET
 from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype
 from .arguments import TARGET_HELP
@@ -222,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         draft_dtype=args.draft_dtype,
     )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=1))
+    # the sweep is kept before the adaptive run (minutes more); its null entry says that run has not finished
+    write_text_atomically(args.output, json.dumps({"shapes": results, "adaptive_from_fastest": None}, indent=1))
     for row in results[:10]:
         print(json.dumps(row))
     best = results[0]
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         target, tokenizer, draft, prompts, best, args.max_new_tokens, args.temperature, args.draft_dtype
     )
     print(f"adaptive default starting there (what generate does with it): {adaptive['speedup']:.2f}x")
-    Path(args.output).write_text(json.dumps({"shapes": results, "adaptive_from_fastest": adaptive}, indent=1))
+    write_text_atomically(args.output, json.dumps({"shapes": results, "adaptive_from_fastest": adaptive}, indent=1))
     if args.save:
         save_tree_settings(head_dir, best)
         print(f"saved to {head_dir / 'generation_config.json'} (generate's starting shape at every temperature)")
