@@ -252,8 +252,17 @@ class TestCommand:
             (["--heldout-data=mt_bench", "--answers=given"], "come without answers"),
             (["--heldout-offset=-1"], "--heldout-offset=-1"),
             (["--draft-dtype=int8"], "--draft-dtype=int8: expected 'auto' or a floating dtype"),
+            (["--max-length=0"], "--max-length=0 must be >= 1"),
+            (["--data-offset=-1"], "--data-offset=-1 must be >= 0"),
+            (["--heldout-data=mtbench"], "--heldout-data=mtbench: not a file, nor one of sharegpt, mt_bench"),
+            (["--data=mt_bench"], "--data=mt_bench: not a file, nor one of sharegpt."),
         ],
     )
-    def test_bad_flags_are_named_before_anything_loads(self, flags, message):
-        with pytest.raises(ValueError, match=message):
+    def test_bad_flags_are_named_before_anything_loads(self, flags, message, capsys, monkeypatch):
+        def never_loaded(*args, **kwargs):
+            raise AssertionError("diagnose loaded the models before checking its flags")
+
+        monkeypatch.setattr("eagle3_hf.loading.load_default_pair", never_loaded)
+        with pytest.raises(SystemExit) as raised:
             diagnose_command.main(flags)
+        assert raised.value.code == 2 and message in capsys.readouterr().err

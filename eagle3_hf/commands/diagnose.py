@@ -127,6 +127,8 @@ def _check(args: DiagnoseArguments, data_args: DiagnoseDataArguments) -> None:
         "--batch-size": args.batch_size,
         "--forward-context": args.forward_context,
         "--forward-repeats": args.forward_repeats,
+        "--max-length": args.max_length,
+        "--regenerate-batch-size": args.regenerate_batch_size,
     }
     for flag, value in positive.items():
         if value is not None and value < 1:
@@ -146,8 +148,14 @@ def _check(args: DiagnoseArguments, data_args: DiagnoseDataArguments) -> None:
         )
     if args.heldout_offset is None:
         args.heldout_offset = SHAREGPT_HELDOUT_START if args.heldout_data == "sharegpt" else 0
-    if args.heldout_offset < 0:
-        raise ValueError(f"--heldout-offset={args.heldout_offset} must be >= 0.")
+    if args.heldout_offset < 0 or data_args.data_offset < 0:
+        raise ValueError(
+            f"--heldout-offset={args.heldout_offset} and --data-offset={data_args.data_offset} must be >= 0."
+        )
+    names = {"--data": ("sharegpt",), "--heldout-data": ("sharegpt", *BENCHMARK_PROMPTS)}
+    for flag, source in (("--data", data_args.data), ("--heldout-data", args.heldout_data)):
+        if source not in names[flag] and not Path(source).is_file():
+            raise ValueError(f"{flag}={source}: not a file, nor one of {', '.join(names[flag])}.")
     if min(args.top_k) < 1 or min(args.forward_nodes) < 1:
         raise ValueError(f"--top-k={args.top_k} and --forward-nodes={args.forward_nodes} must be >= 1.")
 
@@ -229,8 +237,12 @@ def _pack_head(draft, rows: list[int], mode: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, data_args = make_parser().parse_args_into_dataclasses(args=argv)
-    _check(args, data_args)
+    parser = make_parser()
+    args, data_args = parser.parse_args_into_dataclasses(args=argv)
+    try:
+        _check(args, data_args)
+    except ValueError as error:  # a usage error, before anything loads: argparse's message and exit status 2
+        parser.error(str(error))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import torch
     from transformers import set_seed
