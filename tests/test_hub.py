@@ -267,3 +267,11 @@ class TestPushCommand:
         (tmp_path / "bad.json").write_text("{")
         with pytest.raises(SystemExit, match="--results"):
             push_command.main([str(head_folder), "me/x", "--dry-run", "--results", str(tmp_path / "bad.json")])
+        (tmp_path / "list.json").write_text("[1, 2]")
+        with pytest.raises(SystemExit, match=r"--training .*list.json: expected a JSON object, found a list"):
+            push_command.main([str(head_folder), "me/x", "--dry-run", "--training", str(tmp_path / "list.json")])
+
+    def test_a_folder_that_is_no_checkpoint_is_named_without_a_traceback(self, tmp_path):
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(SystemExit, match=r"eagle3-hf push: .*empty.*config.json"):
+            push_command.main([str(tmp_path / "empty"), "me/x", "--dry-run"])

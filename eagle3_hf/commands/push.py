@@ -43,9 +43,12 @@ def _read_json(path: Path | None, option: str):
     if path is None:
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise SystemExit(f"eagle3-hf push: cannot read {option} {path}: {error}") from error
+    if not isinstance(value, dict):
+        raise SystemExit(f"eagle3-hf push: {option} {path}: expected a JSON object, found a {type(value).__name__}.")
+    return value
 
 
 def _size(num_bytes: int) -> str:
@@ -60,6 +63,13 @@ def _size(num_bytes: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    try:
+        return _push(args)
+    except (OSError, ValueError) as error:  # CheckpointFormatError is a ValueError: the message names the file
+        raise SystemExit(f"eagle3-hf push: {error}") from error
+
+
+def _push(args: argparse.Namespace) -> int:
     from ..checkpoints.hub import prepare_upload_folder, push_to_hub
     from ..loading import load_target_model
 
