@@ -35,8 +35,18 @@ def _gguf_location(name_or_path: str | Path) -> tuple[str, str] | None:
         if not path.is_file():
             raise FileNotFoundError(f"target {str(name_or_path)!r}: no such GGUF file.")
     else:
+        _check_local_path(name_or_path)
         return None
     return str(path.parent), path.name
+
+
+def _check_local_path(name_or_path: str | Path) -> None:
+    """Raise `FileNotFoundError` for a target named as a local path (absolute, `./`, `../`, `~`, or more than one
+    `/`: a Hub id has one at most) that does not exist, instead of Transformers' message about Hub id syntax."""
+    text = str(name_or_path)
+    looks_local = isinstance(name_or_path, Path) or text.startswith(("/", "./", "../", "~")) or text.count("/") > 1
+    if looks_local and not Path(text).expanduser().exists():
+        raise FileNotFoundError(f"target {text!r}: no such folder (a local path; a Hub id reads 'org/name').")
 
 
 def _torch_dtype(dtype: str | torch.dtype | None, gguf: bool) -> torch.dtype | str:

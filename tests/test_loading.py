@@ -24,3 +24,19 @@ def test_a_gguf_target_saves_and_reloads_as_a_plain_checkpoint(tmp_path):
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "target")
     assert tokenizer("Hello world")["input_ids"] == load_tokenizer(path)("Hello world")["input_ids"]
+
+
+@pytest.mark.parametrize("name", ["/no/such/target", "./no-such-target", "runs/no/such/target", "missing.gguf"])
+def test_a_missing_local_target_is_named_as_a_path(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"target '{name}': no such"):
+        load_target_model(name)
+    with pytest.raises(FileNotFoundError, match=rf"target '{name}': no such"):
+        load_tokenizer(name)
+
+
+def test_a_local_target_folder_and_a_hub_id_pass_the_path_check(tmp_path):
+    from eagle3_hf.loading import _check_local_path
+
+    _check_local_path(tmp_path)  # exists
+    _check_local_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # a Hub id: Transformers resolves it
