@@ -443,6 +443,14 @@ def test_cli_reports_a_bad_config_on_one_line(tmp_path, capsys):
     (native / "config.json").write_text(json.dumps({**config, "hidden_size": 32.0}))
     with pytest.raises(CheckpointFormatError, match="invalid config.json.*hidden_size"):
         Eagle3DraftModel.from_pretrained(native)
+    # a config of another size than the weights: named as such, also on the command line
+    (native / "config.json").write_text(json.dumps({**config, "intermediate_size": 2 * config["intermediate_size"]}))
+    with pytest.raises(CheckpointFormatError, match="tensors of another shape than config.json"):
+        Eagle3DraftModel.from_pretrained(native)
+    capsys.readouterr()
+    assert convert_command.main([str(native), str(tmp_path / "out2"), "--to", "sglang"]) == 1
+    assert "tensors of another shape than config.json" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()
 
 
 def test_both_weight_files_warn_and_safetensors_is_read(tmp_path, caplog):

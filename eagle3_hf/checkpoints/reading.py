@@ -532,6 +532,13 @@ def _load_native(stock_from_pretrained: Callable, path, target, model_args: tupl
         model, info = stock_from_pretrained(path, *model_args, output_loading_info=True, **kwargs)
     except (KeyError, StrictDataclassError) as error:  # a config.json field of the wrong type, RoPE keys missing
         raise CheckpointFormatError(f"{path}: invalid config.json ({_one_line(error)}).") from error
+    except RuntimeError as error:  # Transformers 5.25 raises for tensors of another shape than config.json's
+        if "mismatched" not in str(error):
+            raise
+        raise CheckpointFormatError(
+            f"{path}: tensors of another shape than config.json gives them (the report above lists them): the "
+            "config does not belong to these weights."
+        ) from error
     problems = {key: sorted(value) for key, value in info.items() if value}
     if problems:
         raise CheckpointFormatError(f"{path}: the weights do not match the config: {problems}.")
