@@ -433,6 +433,13 @@ def test_bad_input_raises_naming_the_problem(case, tmp_path):
     assert str(folder) in str(error.value)
 
 
+@pytest.mark.parametrize("flag", ["--max-position-embeddings", "--speculative-tokens", "--target-num-hidden-layers"])
+def test_cli_refuses_a_count_below_one(flag, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        convert_command.main([str(tmp_path / "any"), str(tmp_path / "out"), "--to", "sglang", flag, "-5"])
+    assert f"{flag} -5: expected >= 1" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_cli_reports_a_bad_config_on_one_line(tmp_path, capsys):
     folder = corrupt(tmp_path, "sglang", _set("draft_vocab_size", "64"))
     assert convert_command.main([str(folder), str(tmp_path / "out"), "--to", "eagle3_hf"]) == 1

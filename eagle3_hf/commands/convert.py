@@ -42,7 +42,16 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    positive = {
+        "--max-position-embeddings": args.max_position_embeddings,
+        "--speculative-tokens": args.speculative_tokens,
+        "--target-num-hidden-layers": args.target_num_hidden_layers,
+    }
+    for flag, value in positive.items():
+        if value is not None and value < 1:
+            parser.error(f"{flag} {value}: expected >= 1.")
     from huggingface_hub.errors import StrictDataclassError
 
     from eagle3_hf import Eagle3DraftModel
