@@ -282,3 +282,22 @@ def test_bench_packs_the_rows_every_benchmarked_method_verifies(methods, target_
     args = make_parser().parse_args(["--methods", *methods, "--pack-weights", "on"])
     assert pack_for_methods("target", "draft", args, TreeSettings(12, 4, 8, lookup_tokens=6)) == "packed"
     assert calls == [(target_rows, draft_rows, "on")]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--limit", "0"], "--limit 0: expected >= 1"),
+        (["--offset", "-1"], "--offset -1: expected >= 0"),
+        (["--turns", "3"], "--turns 3: expected 1 or 2"),
+        (["--max-new-tokens", "0"], "--max-new-tokens 0: expected >= 1"),
+        (["--temperatures", "0", "-1"], "--temperatures -1.0: expected >= 0.0"),
+    ],
+)
+def test_bench_command_refuses_impossible_counts_before_loading(flags, message, capsys, monkeypatch):
+    from eagle3_hf.commands.bench import main
+
+    monkeypatch.setattr("eagle3_hf.loading.load_default_pair", lambda *a, **k: pytest.fail("loaded the models first"))
+    with pytest.raises(SystemExit):
+        main(flags)
+    assert message in capsys.readouterr().err

@@ -137,3 +137,22 @@ def test_tune_refuses_negative_lookup_tokens_and_a_head_it_cannot_save_to(tmp_pa
         main(["--lookup-tokens", "-1"])
     with pytest.raises(SystemExit, match="--save needs a local head folder; --head someone/eagle3-head is not one"):
         main(["--head", "someone/eagle3-head", "--save"])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--top-k", "-2"], "--top-k -2: expected >= 1"),
+        (["--depth", "0", "3"], "--depth 0: expected >= 1"),
+        (["--limit", "0"], "--limit 0: expected >= 1"),
+        (["--seeds", "0"], "--seeds 0: expected >= 1"),
+        (["--temperature", "-0.5"], "--temperature -0.5: expected >= 0.0"),
+    ],
+)
+def test_tune_refuses_impossible_grids_and_counts_before_loading(flags, message, capsys, monkeypatch):
+    from eagle3_hf.commands.tune import main
+
+    monkeypatch.setattr("eagle3_hf.loading.load_default_pair", lambda *a, **k: pytest.fail("loaded the models first"))
+    with pytest.raises(SystemExit):
+        main(flags)
+    assert message in capsys.readouterr().err

@@ -49,6 +49,19 @@ def check_draft_dtype(parser, option: str, value: str) -> None:
         parser.error(problem)
 
 
+def check_at_least(parser, minimums: dict) -> None:
+    """Exit through `parser.error` at the first option below its minimum, before anything slow runs.
+
+    `minimums`: `{"--limit": (args.limit, 1), ...}`; a value of None (the option not given) passes, and a list (an
+    `nargs="+"` option) is checked element by element.
+    """
+    for option, (value, minimum) in minimums.items():
+        values = value if isinstance(value, list) else [value]
+        below = [item for item in values if item is not None and item < minimum]
+        if below:
+            parser.error(f"{option} {below[0]}: expected >= {minimum}.")
+
+
 def drafting_head_for(target, draft, requested: str, rows: int):
     """The head as `generate(..., tree_draft_dtype=requested)` drafts with it (`draft_precision.drafting_head` on
     the head prepared for `target`): the head itself, or its copy in another dtype (for `"auto"` timed here over

@@ -11,7 +11,13 @@ import sys
 
 from ..bench.measure import METHODS, PROMPT_LOOKUP_NUM_TOKENS, TREE_LOOKUP_TOKENS
 from ..loading import DEFAULT_TARGET
-from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype, drafting_head_for
+from . import (
+    add_draft_dtype_argument,
+    add_pack_weights_argument,
+    check_at_least,
+    check_draft_dtype,
+    drafting_head_for,
+)
 from .arguments import TARGET_DTYPES, TARGET_HELP
 
 
@@ -139,6 +145,19 @@ def main(argv: list[str] | None = None) -> int:
             f"--tree-lookup-tokens {args.tree_lookup_tokens}: expected >= 1 (the tree method is the tree alone)"
         )
     check_draft_dtype(parser, "--draft-dtype", args.draft_dtype)
+    check_at_least(
+        parser,
+        {
+            "--limit": (args.limit, 1),
+            "--offset": (args.offset, 0),
+            "--turns": (args.turns, 1),
+            "--max-new-tokens": (args.max_new_tokens, 1),
+            "--threads": (args.threads, 1),
+            "--temperatures": (args.temperatures, 0.0),
+        },
+    )
+    if args.turns > 2:
+        parser.error(f"--turns {args.turns}: expected 1 or 2 (MT-bench questions have two turns).")
     import torch
 
     from ..bench.measure import run_benchmark, summarize

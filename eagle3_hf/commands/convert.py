@@ -7,6 +7,8 @@ SGLang/SpecForge, NVIDIA ModelOpt, vLLM speculators); DST is written atomically.
 import argparse
 import sys
 
+from . import check_at_least
+
 
 # Kept in sync with eagle3_hf.checkpoints.writing.WRITABLE_DIALECTS (a test checks it); not imported so that
 # `--help` is fast.
@@ -44,14 +46,14 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    positive = {
-        "--max-position-embeddings": args.max_position_embeddings,
-        "--speculative-tokens": args.speculative_tokens,
-        "--target-num-hidden-layers": args.target_num_hidden_layers,
-    }
-    for flag, value in positive.items():
-        if value is not None and value < 1:
-            parser.error(f"{flag} {value}: expected >= 1.")
+    check_at_least(
+        parser,
+        {
+            "--max-position-embeddings": (args.max_position_embeddings, 1),
+            "--speculative-tokens": (args.speculative_tokens, 1),
+            "--target-num-hidden-layers": (args.target_num_hidden_layers, 1),
+        },
+    )
     from huggingface_hub.errors import StrictDataclassError
 
     from eagle3_hf import Eagle3DraftModel

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..atomic import write_text_atomically
 from ..loading import DEFAULT_TARGET
-from . import add_draft_dtype_argument, add_pack_weights_argument, check_draft_dtype
+from . import add_draft_dtype_argument, add_pack_weights_argument, check_at_least, check_draft_dtype
 from .arguments import TARGET_HELP
 
 
@@ -192,6 +192,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
     check_draft_dtype(parser, "--draft-dtype", args.draft_dtype)
+    check_at_least(
+        parser,
+        {
+            "--total-tokens": (args.total_tokens, 2),
+            "--depth": (args.depth, 1),
+            "--top-k": (args.top_k, 1),
+            "--limit": (args.limit, 1),
+            "--offset": (args.offset, 0),
+            "--max-new-tokens": (args.max_new_tokens, 1),
+            "--seeds": (args.seeds, 1),
+            "--temperature": (args.temperature, 0.0),
+        },
+    )
     from ..bench.prompts import load_prompts
     from ..generation.cpu_packing import pack_for_decoding, rows_for_trees
     from ..loading import DEFAULT_HEAD_DIR, load_default_pair
