@@ -546,3 +546,29 @@ def test_train_command_reuses_a_vocab_file_and_never_overwrites_one_built_for_ot
     assert "--eval_samples" in command and "--seed" in command
     assert vocab_command.main(command[2:]) == 0
     assert main([*argv, f"--draft_vocab_file={rebuilt}", "--eval_samples=2", "--seed=3"]) == 0
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--data=no/such/chats.jsonl"], "--data no/such/chats.jsonl: not a file"),
+        (["--data_offset=-5"], "--data_offset -5: expected >= 0"),
+        (["--data_limit=0"], "--data_limit 0: expected >= 1"),
+        (["--draft_vocab_size=0"], "--draft_vocab_size 0: expected >= 1"),
+    ],
+)
+def test_train_and_vocab_commands_refuse_bad_data_options_before_loading(
+    flags, message, tmp_path, capsys, monkeypatch
+):
+    from eagle3_hf.commands import vocab as vocab_command
+    from eagle3_hf.commands.train import main as train_main
+
+    monkeypatch.setattr("eagle3_hf.loading.load_target", lambda *a, **k: pytest.fail("loaded the target first"))
+    monkeypatch.setattr("eagle3_hf.loading.load_tokenizer", lambda *a, **k: pytest.fail("loaded the tokenizer first"))
+    with pytest.raises(SystemExit):
+        train_main([*flags, f"--output_dir={tmp_path / 'head'}", "--use_cpu", "--report_to=none"])
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        vocab_command.main([*flags, f"--draft_vocab_file={tmp_path / 'v.safetensors'}"])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "head").exists() and not (tmp_path / "v.safetensors").exists()

@@ -225,7 +225,12 @@ def warn_about_emulated_precision(args: Eagle3TrainingArguments) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    model_args, data_args, args = make_parser().parse_args_into_dataclasses(args=argv)
+    parser = make_parser()
+    model_args, data_args, args = parser.parse_args_into_dataclasses(args=argv)
+    if data_args.problem():  # before the target loads
+        parser.error(data_args.problem())
+    if model_args.draft_vocab_size < 1:
+        parser.error(f"--draft_vocab_size {model_args.draft_vocab_size}: expected >= 1.")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     check_distributed_launch(args)
     warn_about_emulated_precision(args)

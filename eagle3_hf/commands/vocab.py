@@ -58,7 +58,12 @@ def _target_vocab_size(name: str, tokenizer) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, data_args = make_parser().parse_args_into_dataclasses(args=argv)
+    parser = make_parser()
+    args, data_args = parser.parse_args_into_dataclasses(args=argv)
+    if data_args.problem():  # before the data is tokenized
+        parser.error(data_args.problem())
+    if args.draft_vocab_size < 1:
+        parser.error(f"--draft_vocab_size {args.draft_vocab_size}: expected >= 1.")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from eagle3_hf.loading import load_tokenizer
     from eagle3_hf.training.data import DataStats, tokenizer_fingerprint
