@@ -354,3 +354,20 @@ def test_command_line(chatml, tmp_path, monkeypatch, capsys):
     assert len(records) == 4 and {r["temperature"] for r in records} == {0.9}
     assert all(r["messages"][0]["content"].startswith(r["prompt_start"]) for r in records)
     assert all("<|im_end|>" not in r["messages"][0]["content"] for r in records)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-prompts", "0"], "--num-prompts 0: expected >= 1"),
+        (["--num-prompts", "4", "--batch-size", "0"], "--batch-size 0: expected >= 1"),
+        (["--num-prompts", "4", "--min-tokens", "8", "--max-tokens", "4"], "--max-tokens 4: expected >= 8"),
+    ],
+)
+def test_command_refuses_bad_options_before_loading(flags, message, tmp_path, capsys, monkeypatch):
+    from eagle3_hf.commands import magpie as magpie_command
+
+    monkeypatch.setattr(magpie_command, "load_target_for_batches", lambda *a: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit):
+        magpie_command.main(["--output", str(tmp_path / "out.jsonl"), *flags])
+    assert message in capsys.readouterr().err and not (tmp_path / "out.jsonl").exists()

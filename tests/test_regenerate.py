@@ -327,3 +327,21 @@ def test_smollm2_regenerates_a_conversation(tmp_path):
     stats = regenerate(model, tokenizer, source, tmp_path / "out.jsonl", config, progress=False)
     (record,) = read_jsonl(tmp_path / "out.jsonl")
     assert stats.written == 1 and "Paris" in record["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--data", "no/such.jsonl"], "--data no/such.jsonl: not a file"),
+        (["--batch-size", "0"], "--batch-size 0: expected >= 1"),
+        (["--min-turns", "0"], "--min-turns 0: expected >= 1"),
+        (["--data-offset", "-1"], "--data-offset -1: expected >= 0"),
+    ],
+)
+def test_command_refuses_bad_options_before_loading(flags, message, tmp_path, capsys, monkeypatch):
+    from eagle3_hf.commands import regenerate as regenerate_command
+
+    monkeypatch.setattr(regenerate_command, "load_target_for_batches", lambda *a: pytest.fail("loaded the target"))
+    with pytest.raises(SystemExit):
+        regenerate_command.main(["--output", str(tmp_path / "out.jsonl"), *flags])
+    assert message in capsys.readouterr().err and not (tmp_path / "out.jsonl").exists()

@@ -4,6 +4,7 @@ import argparse
 import logging
 
 from ..loading import DEFAULT_TARGET
+from . import check_at_least
 from .arguments import TARGET_HELP, add_batched_generation_arguments, load_target_for_batches
 
 
@@ -65,7 +66,21 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    check_at_least(  # before the target loads
+        parser,
+        {
+            "--num-prompts": (args.num_prompts, 1),
+            "--batch-size": (args.batch_size, 1),
+            "--min-tokens": (args.min_tokens, 1),
+            "--max-tokens": (args.max_tokens, args.min_tokens),
+            "--max-batches": (args.max_batches, 1),
+            "--temperature": (args.temperature, 0.0),
+            "--top-k": (args.top_k, 0),
+            "--near-duplicate-threshold": (args.near_duplicate_threshold, 0.0),
+        },
+    )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from eagle3_hf.training.exclusion import EvaluationIndex
     from eagle3_hf.training.magpie import magpie_prompts

@@ -3,8 +3,10 @@
 import argparse
 import logging
 from dataclasses import fields
+from pathlib import Path
 
 from ..loading import DEFAULT_TARGET
+from . import check_at_least
 from .arguments import TARGET_HELP, DataArguments, add_batched_generation_arguments, load_target_for_batches
 
 
@@ -56,7 +58,24 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.data != "sharegpt" and not Path(args.data).is_file():
+        parser.error(f"--data {args.data}: not a file (a ShareGPT/chat JSON or JSONL file, or 'sharegpt').")
+    check_at_least(  # before the target loads
+        parser,
+        {
+            "--data-offset": (args.data_offset, 0),
+            "--data-limit": (args.data_limit, 1),
+            "--batch-size": (args.batch_size, 1),
+            "--max-new-tokens": (args.max_new_tokens, 1),
+            "--max-length": (args.max_length, 1),
+            "--max-turns": (args.max_turns, 1),
+            "--min-turns": (args.min_turns, 1),
+            "--temperature": (args.temperature, 0.0),
+            "--top-k": (args.top_k, 0),
+        },
+    )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from eagle3_hf.training.regenerate import make_generation_config, regenerate
 
