@@ -271,6 +271,11 @@ class TestPushCommand:
         with pytest.raises(SystemExit, match=r"--training .*list.json: expected a JSON object, found a list"):
             push_command.main([str(head_folder), "me/x", "--dry-run", "--training", str(tmp_path / "list.json")])
 
+    def test_an_invalid_repo_id_is_refused_even_in_a_dry_run(self, head_folder, capsys):
+        with pytest.raises(SystemExit):
+            push_command.main([str(head_folder), "not a/valid id!!", "--dry-run"])
+        assert "repo_id 'not a/valid id!!': Repo id must use alphanumeric chars" in capsys.readouterr().err
+
     def test_a_folder_that_is_no_checkpoint_is_named_without_a_traceback(self, tmp_path):
         (tmp_path / "empty").mkdir()
         with pytest.raises(SystemExit, match=r"eagle3-hf push: .*empty.*config.json"):

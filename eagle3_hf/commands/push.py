@@ -62,7 +62,14 @@ def _size(num_bytes: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:  # the Hub's own rule, so that a dry run does not approve an id the upload would refuse
+        validate_repo_id(args.repo_id)
+    except HFValidationError as error:
+        parser.error(f"repo_id {args.repo_id!r}: {error}")
     try:
         return _push(args)
     except (OSError, ValueError) as error:  # CheckpointFormatError is a ValueError: the message names the file
