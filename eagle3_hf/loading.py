@@ -40,13 +40,13 @@ def _gguf_location(name_or_path: str | Path) -> tuple[str, str] | None:
     return str(path.parent), path.name
 
 
-def _check_local_path(name_or_path: str | Path) -> None:
-    """Raise `FileNotFoundError` for a target named as a local path (absolute, `./`, `../`, `~`, or more than one
+def _check_local_path(name_or_path: str | Path, what: str = "target") -> None:
+    """Raise `FileNotFoundError` for a target (or `what`) named as a local path (absolute, `./`, `../`, `~`, or more than one
     `/`: a Hub id has one at most) that does not exist, instead of Transformers' message about Hub id syntax."""
     text = str(name_or_path)
     looks_local = isinstance(name_or_path, Path) or text.startswith(("/", "./", "../", "~")) or text.count("/") > 1
     if looks_local and not Path(text).expanduser().exists():
-        raise FileNotFoundError(f"target {text!r}: no such folder (a local path; a Hub id reads 'org/name').")
+        raise FileNotFoundError(f"{what} {text!r}: no such folder (a local path; a Hub id reads 'org/name').")
 
 
 def _torch_dtype(dtype: str | torch.dtype | None, gguf: bool) -> torch.dtype | str:
@@ -141,8 +141,9 @@ def load_default_pair(
             f"The default head folder {DEFAULT_HEAD_DIR} is missing; it ships with the eagle3_hf repository. "
             "Pass --head PATH_OR_HUB_ID."
         )
+    _check_local_path(head, what="head")
+    draft = Eagle3DraftModel.from_pretrained(str(head))  # before the target: a wrong head fails in seconds
     model, tokenizer = load_target(target, dtype=dtype, device=device, attn_implementation=attn_implementation)
-    draft = Eagle3DraftModel.from_pretrained(str(head))
     draft = draft.to(device=model.device, dtype=model.dtype).eval()
     draft.attach_target(model)
     return model, tokenizer, draft

@@ -40,3 +40,11 @@ def test_a_local_target_folder_and_a_hub_id_pass_the_path_check(tmp_path):
 
     _check_local_path(tmp_path)  # exists
     _check_local_path("HuggingFaceTB/SmolLM2-135M-Instruct")  # a Hub id: Transformers resolves it
+
+
+def test_a_missing_head_fails_before_the_target_loads(tmp_path, monkeypatch):
+    from eagle3_hf.loading import load_default_pair
+
+    monkeypatch.setattr("eagle3_hf.loading.load_target", lambda *a, **k: pytest.fail("loaded the target first"))
+    with pytest.raises(FileNotFoundError, match=r"head '.*no-such-head': no such folder"):
+        load_default_pair(tmp_path / "no-such-head")
