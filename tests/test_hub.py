@@ -263,6 +263,21 @@ class TestPushCommand:
         assert fake_hub.api.upload_folder.call_args.kwargs["commit_message"] == "m"
         assert "2.71" in section(fake_hub.uploaded["README.md"].decode(), "results")
 
+    def test_push_opens_a_pull_request_on_a_branch_with_the_card_options(self, head_folder, fake_hub, tmp_path):
+        training = tmp_path / "training.json"
+        training.write_text(json.dumps({"Optimizer steps": "9,999"}))
+        argv = [str(head_folder), "me/smol-eagle3", "--revision", "dev", "--create-pr", "--training", str(training)]
+        argv += ["--dataset", "my-org/chats", "--license", "mit"]
+        assert push_command.main(argv) == 0
+        fake_hub.api.create_branch.assert_called_once_with(
+            "me/smol-eagle3", branch="dev", exist_ok=True, repo_type="model"
+        )
+        upload = fake_hub.api.upload_folder.call_args.kwargs
+        assert upload["revision"] == "dev" and upload["create_pr"] is True
+        card = ModelCard(fake_hub.uploaded["README.md"].decode())
+        assert card.data.license == "mit" and card.data.datasets == ["my-org/chats"]
+        assert "9,999" in section(card.text, "training")
+
     def test_unreadable_json_is_reported(self, head_folder, tmp_path):
         (tmp_path / "bad.json").write_text("{")
         with pytest.raises(SystemExit, match="--results"):
