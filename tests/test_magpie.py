@@ -347,7 +347,18 @@ def test_command_line(chatml, tmp_path, monkeypatch, capsys):
         "12",
     ]
     options = ["--no-evaluation-filter", "--no-progress", "--temperature", "0.9", "--prompt-starts", "Say", "Ask me"]
+    options += ["--near-duplicate-threshold", "1.5"]  # above 1: exact duplicates only, which the filter calls None
+    import eagle3_hf.training.magpie as magpie_module
+
+    thresholds, real_magpie_prompts = [], magpie_module.magpie_prompts
+
+    def recording_magpie_prompts(*args, **kwargs):
+        thresholds.append(kwargs["near_duplicate_threshold"])
+        return real_magpie_prompts(*args, **kwargs)
+
+    monkeypatch.setattr(magpie_module, "magpie_prompts", recording_magpie_prompts)
     assert magpie_command.main([*argv, *options]) == 0
+    assert thresholds == [None]
     out = capsys.readouterr().out
     assert "wrote 4 prompts" in out and f"eagle3-hf regenerate --data {path}" in out
     records = read_jsonl(path)
