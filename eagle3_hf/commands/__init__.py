@@ -1,5 +1,8 @@
 """One module per `eagle3-hf` subcommand, each exposing `make_parser()` and `main(argv)`."""
 
+from pathlib import Path
+
+
 PACK_WEIGHTS_MODES = (
     "auto",
     "on",
@@ -49,8 +52,8 @@ def check_draft_dtype(parser, option: str, value: str) -> None:
         parser.error(problem)
 
 
-def check_at_least(parser, minimums: dict) -> None:
-    """Exit through `parser.error` at the first option below its minimum, before anything slow runs.
+def below_minimum(minimums: dict) -> str | None:
+    """The message for the first option below its minimum (None when none is).
 
     `minimums`: `{"--limit": (args.limit, 1), ...}`; a value of None (the option not given) passes, and a list (an
     `nargs="+"` option) is checked element by element.
@@ -59,7 +62,21 @@ def check_at_least(parser, minimums: dict) -> None:
         values = value if isinstance(value, list) else [value]
         below = [item for item in values if item is not None and item < minimum]
         if below:
-            parser.error(f"{option} {below[0]}: expected >= {minimum}.")
+            return f"{option} {below[0]}: expected >= {minimum}."
+    return None
+
+
+def check_at_least(parser, minimums: dict) -> None:
+    """Exit through `parser.error` when `below_minimum` finds an option too small, before anything slow runs."""
+    problem = below_minimum(minimums)
+    if problem:
+        parser.error(problem)
+
+
+def is_data_source(data: str, names: tuple[str, ...] = ("sharegpt",)) -> bool:
+    """Whether `--data` names something the commands read: an existing file or one of `names` (`"sharegpt"`, the
+    shipped file; `diagnose`'s held-out side also takes the benchmarks' prompts)."""
+    return data in names or Path(data).is_file()
 
 
 def drafting_head_for(target, draft, requested: str, rows: int):

@@ -8,11 +8,10 @@ its device, dtype, cache and packing options (`add_batched_generation_arguments`
 """
 
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 from ..loading import DEFAULT_TARGET
 from ..training.exclusion import OVERLAP_POLICIES
-from . import add_pack_weights_argument
+from . import add_pack_weights_argument, below_minimum, is_data_source
 
 
 # what `--target-dtype` accepts: "auto" keeps the checkpoint's dtype (`load_target_model`)
@@ -62,14 +61,10 @@ class DataArguments:
 
     def problem(self) -> str | None:
         """What is wrong with these options, checked before anything loads (None when nothing is)."""
-        if self.data != "sharegpt" and not Path(self.data).is_file():
+        if not is_data_source(self.data):
             return f"--data {self.data}: not a file (a ShareGPT/chat JSON or JSONL file, or 'sharegpt')."
         counts = {"--data_offset": (self.data_offset, 0), "--data_limit": (self.data_limit, 1)}
-        counts.update({"--eval_samples": (self.eval_samples, 0), "--num_proc": (self.num_proc, 1)})
-        for option, (value, minimum) in counts.items():
-            if value is not None and value < minimum:
-                return f"{option} {value}: expected >= {minimum}."
-        return None
+        return below_minimum({**counts, "--eval_samples": (self.eval_samples, 0), "--num_proc": (self.num_proc, 1)})
 
     def command_line(self) -> list[str]:
         """These options as flags, the ones left at their defaults omitted (to print a command that repeats them)."""

@@ -3,9 +3,9 @@
 import argparse
 import logging
 from dataclasses import fields
-from pathlib import Path
 
 from ..training.exclusion import EVALUATION_SETS, MIN_WORDS, NGRAM
+from . import check_at_least, is_data_source
 from .arguments import DataArguments
 
 
@@ -45,12 +45,11 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    if args.data != "sharegpt" and not Path(args.data).is_file():
+    if not is_data_source(args.data):
         parser.error(f"data: {args.data} is not a file (a ShareGPT/chat JSON or JSONL file, or 'sharegpt').")
     if args.ngram < 1 or not 1 <= args.min_words <= args.ngram:
         parser.error(f"--ngram {args.ngram} --min-words {args.min_words}: expected 1 <= --min-words <= --ngram.")
-    if args.data_offset < 0 or (args.data_limit is not None and args.data_limit < 1):
-        parser.error(f"--data-offset {args.data_offset} --data-limit {args.data_limit}: expected >= 0 and >= 1.")
+    check_at_least(parser, {"--data-offset": (args.data_offset, 0), "--data-limit": (args.data_limit, 1)})
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from eagle3_hf.training.exclusion import EvaluationIndex, check_evaluation_overlap
 

@@ -30,7 +30,7 @@ from ..atomic import write_text_atomically
 from ..bench.prompts import SHAREGPT_HELDOUT_START
 from ..cpu_features import cpu_model, describe_cpu_features
 from ..loading import DEFAULT_TARGET
-from . import PACK_WEIGHTS_MODES, draft_dtype_problem, drafting_head_for
+from . import PACK_WEIGHTS_MODES, draft_dtype_problem, drafting_head_for, is_data_source
 from .arguments import TARGET_HELP, DataArguments
 
 
@@ -154,7 +154,7 @@ def _check(args: DiagnoseArguments, data_args: DiagnoseDataArguments) -> None:
         )
     names = {"--data": ("sharegpt",), "--heldout-data": ("sharegpt", *BENCHMARK_PROMPTS)}
     for flag, source in (("--data", data_args.data), ("--heldout-data", args.heldout_data)):
-        if source not in names[flag] and not Path(source).is_file():
+        if not is_data_source(source, names[flag]):
             raise ValueError(f"{flag}={source}: not a file, nor one of {', '.join(names[flag])}.")
     if min(args.top_k) < 1 or min(args.forward_nodes) < 1:
         raise ValueError(f"--top-k={args.top_k} and --forward-nodes={args.forward_nodes} must be >= 1.")

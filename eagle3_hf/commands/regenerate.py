@@ -3,10 +3,9 @@
 import argparse
 import logging
 from dataclasses import fields
-from pathlib import Path
 
 from ..loading import DEFAULT_TARGET
-from . import check_at_least
+from . import check_at_least, is_data_source
 from .arguments import TARGET_HELP, DataArguments, add_batched_generation_arguments, load_target_for_batches
 
 
@@ -60,7 +59,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    if args.data != "sharegpt" and not Path(args.data).is_file():
+    if not is_data_source(args.data):
         parser.error(f"--data {args.data}: not a file (a ShareGPT/chat JSON or JSONL file, or 'sharegpt').")
     check_at_least(  # before the target loads
         parser,
