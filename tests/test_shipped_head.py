@@ -39,13 +39,13 @@ def test_shipped_card_metadata_parses():
 def test_demo_command_runs(capsys, stream):
     from eagle3_hf.bench.measure import encode_chat
     from eagle3_hf.commands.demo import main
-    from eagle3_hf.loading import load_default_pair
+    from eagle3_hf.loading import load_target
 
     assert main(["--prompts", "Say hello.", "--max-new-tokens", "12"] + ([] if stream else ["--no-stream"])) == 0
     out = capsys.readouterr().out
     assert "tau" in out and "speedup" in out and "greedy outputs identical" in out
     # the answer is printed once either way (streamed as it is drafted, or decoded at the end): plain greedy's text
-    target, tokenizer, _ = load_default_pair()
+    target, tokenizer = load_target()  # the demo's target; plain greedy needs no head
     input_ids = encode_chat(tokenizer, [{"role": "user", "content": "Say hello."}], target.device)
     plain = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=12)
     answer = tokenizer.decode(plain[0, input_ids.shape[1] :], skip_special_tokens=True)
