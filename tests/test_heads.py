@@ -1,5 +1,5 @@
 """Heads of several decoder layers (`eagle3_hf.training.heads`): size options, how the layers after the first start
-(`identity`, `top`), growing a trained head, and that such heads save, load, decode and train like one-layer heads.
+(`identity`, `top`), growing and widening a trained head, and that such heads save, load, decode and train like one-layer heads.
 
 Layer 0 reads `concat(embedding, hidden)`; layers 1.. are plain Llama decoder layers, each with its own KV cache
 layer, which the drafter crops and the training-time test accumulates like layer 0's.
@@ -18,7 +18,7 @@ from eagle3_hf.generation import original_generate
 from eagle3_hf.generation.drafter import TreeDrafter
 from eagle3_hf.modeling_eagle3 import Eagle3DecoderLayer
 from eagle3_hf.target import gather_target_features
-from eagle3_hf.training.heads import build_draft_head, grow_draft_head, init_draft_layers
+from eagle3_hf.training.heads import build_draft_head, grow_draft_head, init_draft_layers, widen_draft_mlp
 from eagle3_hf.training.trainer import Eagle3Trainer, unroll_training_time_test
 from eagle3_hf.vocab_maps import maps_from_token_ids
 
@@ -160,13 +160,56 @@ def test_grown_head_keeps_every_tensor_and_its_logits(target, tmp_path):
     assert torch.equal(step_logits(three)[2], step_logits(grown)[2])
 
 
-def test_a_head_is_never_shrunk_and_keeps_its_mlp_width(target, tmp_path):
+def test_a_head_is_never_shrunk_or_narrowed_and_keeps_its_size_by_default(target, tmp_path):
     Eagle3DraftModel.from_target(target, draft_vocab_size=64, num_hidden_layers=2).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="the head has 2 layers and a head is never shrunk"):
         build_draft_head(target, pretrained=str(tmp_path), num_hidden_layers=1)
     with pytest.raises(ValueError, match="intermediate_size=48 but the head to continue .* intermediate_size=64"):
         build_draft_head(target, pretrained=str(tmp_path), intermediate_size=48)
-    assert build_draft_head(target, pretrained=str(tmp_path)).config.num_hidden_layers == 2  # kept by default
+    with pytest.raises(ValueError, match="intermediate_size=48: the head's MLPs are 64 wide .* never narrowed"):
+        widen_draft_mlp(Eagle3DraftModel.from_pretrained(tmp_path, target=target), 48)
+    kept = build_draft_head(target, pretrained=str(tmp_path))
+    assert (kept.config.num_hidden_layers, kept.config.intermediate_size) == (2, 64)  # kept by default
+
+
+# -------------------------------------------------------------------------------------------------- widen
+def test_widened_head_keeps_its_trained_channels_and_its_logits(target, tmp_path):
+    torch.manual_seed(4)
+    trained = Eagle3DraftModel.from_target(target, draft_vocab_size=64, num_hidden_layers=2)
+    trained.set_vocab_maps(scrambled_vocab())
+    trained.lm_head.requires_grad_(False)
+    trained.attach_target(target).save_pretrained(tmp_path / "narrow")
+    wide = widen_draft_mlp(trained, 96)
+    assert wide.config.intermediate_size == 96 and trained.config.intermediate_size == 64  # a copy
+    for narrow_layer, wide_layer in zip(trained.layers, wide.layers, strict=True):
+        narrow_mlp, wide_mlp = narrow_layer.mlp, wide_layer.mlp
+        assert torch.equal(wide_mlp.gate_proj.weight[:64], narrow_mlp.gate_proj.weight)
+        assert torch.equal(wide_mlp.up_proj.weight[:64], narrow_mlp.up_proj.weight)
+        assert torch.equal(wide_mlp.down_proj.weight[:, :64], narrow_mlp.down_proj.weight)
+        assert not wide_mlp.down_proj.weight[:, 64:].any()  # the new channels add 0 ...
+        assert wide_mlp.up_proj.weight[64:].any() and wide_mlp.gate_proj.weight[64:].any()  # ... and still learn
+    kept = {k: v for k, v in trained.state_dict().items() if ".mlp." not in k}
+    for name, tensor in kept.items():  # fc, attention, norms, lm_head, d2t, t2d
+        assert torch.equal(wide.state_dict()[name], tensor), name
+    assert not wide.lm_head.weight.requires_grad and wide.get_input_embeddings() is target.get_input_embeddings()
+    for ours, narrow in zip(step_logits(wide), step_logits(trained), strict=True):
+        torch.testing.assert_close(ours, narrow, rtol=1e-5, atol=1e-5)  # zero columns: only summation order differs
+    assert widen_draft_mlp(wide, 96) is wide
+
+    # The command-line path: widened first, then grown, so the new layer has the new width too.
+    both = build_draft_head(
+        target,
+        pretrained=str(tmp_path / "narrow"),
+        intermediate_size=96,
+        num_hidden_layers=3,
+        init_layers_from_target="identity",
+    )
+    assert both.config.intermediate_size == 96 and both.layers[2].mlp.down_proj.weight.shape == (32, 96)
+    torch.testing.assert_close(step_logits(both)[2], step_logits(trained)[2], rtol=1e-5, atol=1e-5)
+    both.save_pretrained(tmp_path / "wide")
+    reloaded = Eagle3DraftModel.from_pretrained(tmp_path / "wide", target=target)
+    assert reloaded.config.intermediate_size == 96
+    assert torch.equal(step_logits(reloaded)[1], step_logits(both)[1])
 
 
 # ---------------------------------------------------------------------------------------------------- top

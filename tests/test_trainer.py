@@ -325,15 +325,36 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     # port 0: a free one (a training job on Accelerate's default 29500 made the test's rank 1 abort, session 26)
     command += ["--main_process_port", "0", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += [str(script), str(tmp_path)]
-    result = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+    def launch(out):
+        out.mkdir()
+        command_line = command + [str(script), str(out)]
+        return subprocess.run(command_line, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+    out = tmp_path / "run"
+    result = launch(out)
+    if result.returncode != 0 and aborted_in_teardown(result.stderr, out):
+        # Gloo's C++ teardown at interpreter exit aborted a rank after a complete run (both ranks wrote their
+        # results and the checkpoint is saved), although the script destroys the process group first: seen once in
+        # a full CI run (session 38), never in 48 runs of this test alone. Torch's, not the trainer's; one retry,
+        # checked from scratch, so a run that fails twice, or fails any other way, still fails the test.
+        out = tmp_path / "retry"
+        result = launch(out)
     assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
     assert [r["world"] for r in ranks] == [2, 2]
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9)  # DDP kept the replicas equal
     assert "eval_acceptance_length" in ranks[0]["metrics"]
-    loaded = Eagle3DraftModel.from_pretrained(tmp_path / "checkpoint-3")
+    loaded = Eagle3DraftModel.from_pretrained(out / "checkpoint-3")
     assert loaded.config.target_layer_ids == [2, 4, 5]
+
+
+def aborted_in_teardown(stderr: str, out) -> bool:
+    """True when a launch failed only in a rank's teardown: the C++ runtime's abort message, after both ranks wrote
+    their results and the checkpoint's weights were saved."""
+    complete = all((out / f"rank{i}.json").is_file() for i in range(2))
+    saved = (out / "checkpoint-3" / "model.safetensors").is_file()
+    return "terminate called without an active exception" in stderr and complete and saved
 
 
 def make_word_tokenizer():

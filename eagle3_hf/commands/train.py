@@ -35,7 +35,11 @@ class ModelArguments:
         },
     )
     draft_intermediate_size: int | None = field(
-        default=None, metadata={"help": "MLP width of a fresh head's layers (default: the target's)."}
+        default=None,
+        metadata={
+            "help": "MLP width of a fresh head's layers (default: the target's). With --draft_model_name_or_path the "
+            "head widens to this (new channels add 0 at first, so it starts computing what it did; never narrowed)."
+        },
     )
     init_layers_from_target: str = field(
         default="none",
@@ -269,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer.log_metrics("eval", trainer.evaluate())
     if trainer.is_world_process_zero():
         print(f"Saved the EAGLE-3 head to {args.output_dir} (load it with Eagle3DraftModel.from_pretrained).")
+    # Under `accelerate launch`, tear the process group down while the interpreter is whole: one left to interpreter
+    # exit can abort a rank ("terminate called without an active exception") after everything was saved.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
     return 0
 
 

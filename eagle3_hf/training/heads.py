@@ -6,7 +6,8 @@ trained from the command line.
 A head may have several decoder layers (`num_hidden_layers`). Layer 0 is the EAGLE-3 layer that reads
 `concat(embedding, hidden)`; layers 1.. are plain Llama decoder layers on the `hidden_size` residual stream, which
 `init_draft_layers` can start as the identity (`"identity"`) or as copies of the target's top layers (`"top"`).
-`grow_draft_head` adds such layers to a trained head.
+`grow_draft_head` adds such layers to a trained head and `widen_draft_mlp` widens its MLPs, both without changing
+what it computes.
 """
 
 import logging
@@ -54,7 +55,7 @@ def build_draft_head(
         num_hidden_layers (`int`, *optional*): decoder layers of the head. A fresh head defaults to 1; a
             `pretrained` head keeps its own count, or grows to this many (`grow_draft_head`; never shrinks).
         intermediate_size (`int`, *optional*): MLP width of a fresh head's layers (default: the target's). A
-            `pretrained` head keeps its own.
+            `pretrained` head keeps its own, or widens to this (`widen_draft_mlp`; never narrows).
         init_layers_from_target (`str`, *optional*, defaults to `"none"`): how the layers after the first start
             (a fresh head's layers 1.., a grown head's new layers): `"none"` (random), `"identity"` or `"top"`
             (see `init_draft_layers`).
@@ -104,7 +105,8 @@ def build_draft_head(
 def _continued_head(
     target, draft_vocab, pretrained, num_hidden_layers, intermediate_size, fc_norm, init
 ) -> Eagle3DraftModel:
-    """The trained head `pretrained`, switched to `draft_vocab` and grown to `num_hidden_layers` if given.
+    """The trained head `pretrained`, switched to `draft_vocab`, widened to `intermediate_size` and grown to
+    `num_hidden_layers` where given.
 
     Options a continued head cannot take are refused as soon as its config is known, before any vocabulary switch
     or growth.
@@ -115,16 +117,20 @@ def _continued_head(
             f"fc_norm=True but the head to continue ({pretrained}) has no fc_norm; input norms are chosen when a "
             "head is created (its fc was trained on the unnormalised features). Leave the option unset."
         )
-    if intermediate_size is not None and intermediate_size != draft.config.intermediate_size:
+    width = draft.config.intermediate_size
+    if intermediate_size is not None and intermediate_size < width:
         raise ValueError(
             f"intermediate_size={intermediate_size} but the head to continue ({pretrained}) has intermediate_size="
-            f"{draft.config.intermediate_size}; a continued head keeps its MLP width (leave the option unset)."
+            f"{width}; a continued head keeps its MLP width or widens it, never narrows it."
         )
     if draft_vocab is not None:
         added = draft.replace_draft_vocab(draft_vocab.token_ids, target)
         logger.info(
             f"Draft vocabulary switched to {draft.config.draft_vocab_size} tokens ({added} new, rows from the target)."
         )
+    if intermediate_size is not None and intermediate_size != width:  # before growing: new layers get the width
+        draft = widen_draft_mlp(draft, intermediate_size)
+        logger.info(f"Widened the head's MLPs from {width} to {intermediate_size} (new channels add 0 at first).")
     layers = draft.config.num_hidden_layers
     if num_hidden_layers is not None and num_hidden_layers != layers:
         draft = grow_draft_head(draft, num_hidden_layers, init, target)
@@ -164,25 +170,79 @@ def grow_draft_head(
         )
     if num_hidden_layers == old:
         return draft
-    fields = {**draft.config.to_dict(), "num_hidden_layers": num_hidden_layers}
+    fields = {"num_hidden_layers": num_hidden_layers}
     if draft.config.draft_layer_types is not None:
         added = ["full_attention"] * (num_hidden_layers - old)
         fields["draft_layer_types"] = [*draft.config.draft_layer_types, *added]
-    config = Eagle3Config.from_dict(fields, attn_implementation=draft.config._attn_implementation)
-    weight = draft.fc.weight
-    grown = Eagle3DraftModel(config).to(device=weight.device, dtype=weight.dtype)
-    loaded = grown.load_state_dict(draft.state_dict(), strict=False)
     new_prefixes = tuple(f"layers.{i}." for i in range(old, num_hidden_layers))
-    if loaded.unexpected_keys or not all(key.startswith(new_prefixes) for key in loaded.missing_keys):
-        raise RuntimeError(f"grow_draft_head: the state dicts do not line up ({loaded}).")
+    grown = _rebuilt(draft, fields, draft.state_dict(), lambda key: key.startswith(new_prefixes), "grow_draft_head")
+    init_draft_layers(grown, range(old, num_hidden_layers), init, target)
+    return grown
+
+
+@torch.no_grad()
+def widen_draft_mlp(draft: Eagle3DraftModel, intermediate_size: int) -> Eagle3DraftModel:
+    """A copy of `draft` whose layers' MLPs are `intermediate_size` wide, computing exactly what `draft` computes.
+
+    Every layer's `gate_proj` and `up_proj` keep their rows and gain `intermediate_size - old` random ones; its
+    `down_proj` keeps its columns and gains zero ones, so the new MLP channels add 0 to the residual stream (the
+    MLP analogue of `init_draft_layers`' `"identity"`). Their gate and up rows are not zero, so the new
+    `down_proj` columns get gradients from the first step. Everything else is kept as in `grow_draft_head`.
+
+    Args:
+        draft ([`Eagle3DraftModel`]): the head to widen (left unchanged); its attached embedding is shared.
+        intermediate_size (`int`): the new MLP width, at least `draft.config.intermediate_size`.
+
+    Returns:
+        The widened head, on `draft`'s device and dtype (`draft` itself when it is that wide already).
+    """
+    old = draft.config.intermediate_size
+    if intermediate_size < old:
+        raise ValueError(
+            f"intermediate_size={intermediate_size}: the head's MLPs are {old} wide and a head is never narrowed "
+            "(dropping trained channels would change what it computes)."
+        )
+    if intermediate_size == old:
+        return draft
+    mlp_keys = tuple(f".mlp.{name}." for name in ("gate_proj", "up_proj", "down_proj"))
+    kept = {key: tensor for key, tensor in draft.state_dict().items() if not any(part in key for part in mlp_keys)}
+    widened = _rebuilt(
+        draft,
+        {"intermediate_size": intermediate_size},
+        kept,
+        lambda key: any(part in key for part in mlp_keys),
+        "widen_draft_mlp",
+    )
+    for narrow, wide in zip(draft.layers, widened.layers, strict=True):
+        for name in ("gate_proj", "up_proj"):  # output channels: the first `old` rows are the trained ones
+            getattr(wide.mlp, name).weight[:old].copy_(getattr(narrow.mlp, name).weight)
+            if getattr(wide.mlp, name).bias is not None:
+                getattr(wide.mlp, name).bias[:old].copy_(getattr(narrow.mlp, name).bias)
+        wide.mlp.down_proj.weight.zero_()
+        wide.mlp.down_proj.weight[:, :old].copy_(narrow.mlp.down_proj.weight)
+        if wide.mlp.down_proj.bias is not None:
+            wide.mlp.down_proj.bias.copy_(narrow.mlp.down_proj.bias)
+    return widened
+
+
+def _rebuilt(draft: Eagle3DraftModel, changes: dict, state_dict: dict, is_new, caller: str) -> Eagle3DraftModel:
+    """A new head with `draft`'s config plus `changes`, loaded with `state_dict`; the keys it lacks must all be new
+    (`is_new(key)`). Requires-grad flags (a frozen `lm_head`) and the attached embedding are carried over."""
+    config = Eagle3Config.from_dict(
+        {**draft.config.to_dict(), **changes}, attn_implementation=draft.config._attn_implementation
+    )
+    weight = draft.fc.weight
+    rebuilt = Eagle3DraftModel(config).to(device=weight.device, dtype=weight.dtype)
+    loaded = rebuilt.load_state_dict(state_dict, strict=False)
+    if loaded.unexpected_keys or not all(is_new(key) for key in loaded.missing_keys):
+        raise RuntimeError(f"{caller}: the state dicts do not line up ({loaded}).")
     kept = dict(draft.named_parameters())
-    for name, parameter in grown.named_parameters():
+    for name, parameter in rebuilt.named_parameters():
         if name in kept:  # a frozen lm_head stays frozen
             parameter.requires_grad_(kept[name].requires_grad)
     if draft.has_embedding and not config.trained_embedding:
-        grown.set_input_embeddings(draft.get_input_embeddings())
-    init_draft_layers(grown, range(old, num_hidden_layers), init, target)
-    return grown
+        rebuilt.set_input_embeddings(draft.get_input_embeddings())
+    return rebuilt
 
 
 @torch.no_grad()
