@@ -157,10 +157,7 @@ class TreeDrafter:
         k, device = self.top_k, self.draft.fc.weight.device
         vocab_size = self.draft.config.vocab_size
         target_ids = self.draft.draft_to_target_ids(torch.arange(self.draft.config.draft_vocab_size, device=device))
-        budgets, left = [], num_nodes - 1
-        for level in range(depth):
-            budgets.append(left if level == depth - 1 else (left + 1) // 2)
-            left -= budgets[-1]
+        budgets = level_budgets(num_nodes - 1, depth)
         tokens, scores = [root_token.reshape(1).to(device)], [torch.zeros(1, device=device)]
         parents = [torch.full((1,), -1, dtype=torch.long, device=device)]
         node_probs = []  # (node indices, their draft distributions over the target vocabulary), per fed batch
@@ -243,3 +240,14 @@ class _Frontier:
     flat_index: torch.LongTensor
     hidden: torch.Tensor
     visible: torch.BoolTensor
+
+
+def level_budgets(num_drawn: int, depth: int) -> list[int]:
+    """How many drawn nodes each of a sampled tree's `depth` levels keeps: half of what is left per level, the rest
+    at the last (7 nodes over 3 levels are 4 + 2 + 1). Fixed before any draw, so that which children a level keeps
+    cannot depend on their own tokens (`TreeDrafter.grow_sampled`)."""
+    budgets, left = [], num_drawn
+    for level in range(depth):
+        budgets.append(left if level == depth - 1 else (left + 1) // 2)
+        left -= budgets[-1]
+    return budgets

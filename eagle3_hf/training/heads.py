@@ -319,4 +319,4 @@ def _top_layer_pairs(draft: Eagle3DraftModel, layers: range, target: PreTrainedM
     return pairs
 
 
-__all__ = ["LAYER_INITS", "build_draft_head", "grow_draft_head", "init_draft_layers"]
+__all__ = ["LAYER_INITS", "build_draft_head", "grow_draft_head", "init_draft_layers", "widen_draft_mlp"]
