@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eagle3_hf.generation.drafter import TreeDrafter
+from eagle3_hf.generation.drafter import TreeDrafter, level_budgets
 from eagle3_hf.target import gather_target_features
 
 
@@ -26,7 +26,7 @@ def test_sampled_tree_splits_its_nodes_over_levels_and_keeps_the_draft_distribut
     with torch.no_grad():
         tree = drafter.grow_sampled(prompt[0, -1], depth=3, num_nodes=8, temperature=1.0)
     assert drafter.stable_length == length  # the temporary tree entries are cropped
-    assert tree.num_nodes == 8 and torch.bincount(tree.depths).tolist() == [1, 4, 2, 1]  # 7 = 4 + 2 + 1
+    assert tree.num_nodes == 8 and torch.bincount(tree.depths).tolist() == [1, 3, 2, 2]  # 7 = 3 + 2 + 2
     assert tree.sampled.tolist() == [False] + [True] * 7
     for node in range(8):
         children = tree.tokens[tree.parents == node]
@@ -35,6 +35,18 @@ def test_sampled_tree_splits_its_nodes_over_levels_and_keeps_the_draft_distribut
             q = tree.draft_probs[node]
             assert q.sum().item() == pytest.approx(1.0, abs=1e-5) and bool((q[children] > 0).all())
     assert tree.scores[1:].max() <= 0 and bool((tree.scores[1:] <= tree.scores[tree.parents[1:]]).all())
+
+
+def test_level_budgets_give_every_level_a_node_before_halving_the_spare():
+    assert level_budgets(6, 4) == [2, 2, 1, 1]  # a 12-node tree whose lookup chain took 5 nodes
+    assert level_budgets(11, 4) == [5, 3, 2, 1]
+    assert level_budgets(7, 3) == [3, 2, 2]
+    assert level_budgets(2, 4) == [1, 1, 0, 0] and level_budgets(0, 2) == [0, 0]
+    for drawn in range(20):
+        for depth in range(1, 6):
+            budgets = level_budgets(drawn, depth)
+            assert len(budgets) == depth and sum(budgets) == drawn and min(budgets) >= 0
+            assert all(budget >= 1 for budget in budgets[: min(drawn, depth)])  # no level empty while nodes last
 
 
 def test_sampled_children_follow_the_head_distribution_at_the_temperature(drafter):
