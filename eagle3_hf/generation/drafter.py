@@ -248,7 +248,7 @@ def level_budgets(num_drawn: int, depth: int) -> list[int]:
     Every level gets one node first, as far as they go; the spare nodes are halved level by level and the last
     level takes the rest (6 nodes over 4 levels are 2 + 2 + 1 + 1, 7 over 3 are 3 + 2 + 2, 11 over 4 are
     5 + 3 + 2 + 1). Plain halving (6 over 4: 3 + 2 + 1 + 0) left the deepest levels empty whenever a prompt-lookup
-    chain took half the tree, and accepted less: 7% less tau at temperature 1 on HumanEval (session 39). The
+    chain took half the tree; this split accepts more (tau at temperature 1 +7% on HumanEval, session 39). The
     budgets are fixed before any draw, so which children a level keeps cannot depend on their own tokens.
     """
     budgets, left = [], num_drawn
