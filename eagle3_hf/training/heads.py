@@ -204,20 +204,18 @@ def widen_draft_mlp(draft: Eagle3DraftModel, intermediate_size: int) -> Eagle3Dr
         )
     if intermediate_size == old:
         return draft
-    mlp_keys = tuple(f".mlp.{name}." for name in ("gate_proj", "up_proj", "down_proj"))
-    kept = {key: tensor for key, tensor in draft.state_dict().items() if not any(part in key for part in mlp_keys)}
-    widened = _rebuilt(
-        draft,
-        {"intermediate_size": intermediate_size},
-        kept,
-        lambda key: any(part in key for part in mlp_keys),
-        "widen_draft_mlp",
-    )
+
+    def is_mlp(key: str) -> bool:
+        return any(f".mlp.{name}." in key for name in ("gate_proj", "up_proj", "down_proj"))
+
+    kept = {key: tensor for key, tensor in draft.state_dict().items() if not is_mlp(key)}
+    widened = _rebuilt(draft, {"intermediate_size": intermediate_size}, kept, is_mlp, "widen_draft_mlp")
     for narrow, wide in zip(draft.layers, widened.layers, strict=True):
         for name in ("gate_proj", "up_proj"):  # output channels: the first `old` rows are the trained ones
-            getattr(wide.mlp, name).weight[:old].copy_(getattr(narrow.mlp, name).weight)
-            if getattr(wide.mlp, name).bias is not None:
-                getattr(wide.mlp, name).bias[:old].copy_(getattr(narrow.mlp, name).bias)
+            source, projection = getattr(narrow.mlp, name), getattr(wide.mlp, name)
+            projection.weight[:old].copy_(source.weight)
+            if projection.bias is not None:
+                projection.bias[:old].copy_(source.bias)
         wide.mlp.down_proj.weight.zero_()
         wide.mlp.down_proj.weight[:, :old].copy_(narrow.mlp.down_proj.weight)
         if wide.mlp.down_proj.bias is not None:
