@@ -191,6 +191,27 @@ class TestOfflineTraining:
         with pytest.raises(ValueError, match=f"{re.escape(str(cache.cache_dir))}.*{message}"):
             Eagle3Trainer(make_draft(target, **head), args, target_model=target, **cached)
 
+    def test_length_grouped_sampling_reads_lengths_without_loading_features(self, tmp_path, monkeypatch):
+        target = make_sharp_target()
+        dataset = make_dataset(LENGTHS)
+        cache = build(target, dataset, tmp_path / "cache")
+        args = make_args(
+            tmp_path,
+            feature_mode="offline",
+            feature_cache_dir=str(cache.cache_dir),
+            train_sampling_strategy="group_by_length",
+        )
+        trainer = Eagle3Trainer(
+            make_draft(target), args, target_model=target, train_dataset=CachedFeatureDataset(dataset, cache)
+        )
+        loaded = []
+        monkeypatch.setattr(FeatureCache, "__getitem__", lambda self, i: loaded.append(i) or {})
+        assert trainer._get_train_sampler().lengths == list(LENGTHS)
+        assert loaded == []
+        monkeypatch.undo()
+        trainer.train()
+        assert "padding_share" in trainer.state.log_history[0]
+
     def test_a_cache_passed_to_evaluate_is_checked(self, tmp_path):
         target = make_tiny_target()
         target.name_or_path = "org/target-A"

@@ -163,6 +163,34 @@ class TestTraining:
         for name, value in expected.items():
             assert logged[name] == pytest.approx(value, rel=1e-5), name
 
+    def test_padding_share_is_the_padded_share_of_each_batchs_positions(self, tmp_path):
+        target = make_sharp_target()
+        trainer = Eagle3Trainer(
+            make_draft(target), make_args(tmp_path), target_model=target, eval_dataset=make_dataset()
+        )
+        # evaluation keeps the order: batches (12, 9) and (16, 7), padded to 12 and 16
+        assert trainer.evaluate()["eval_padding_share"] == pytest.approx((3 + 9) / (24 + 32))
+
+    def test_length_grouped_sampling_pads_less_than_random(self, tmp_path):
+        """Transformers' `train_sampling_strategy="group_by_length"` sorts mega-batches (4 batches here) by length, so
+        a batch mixes a short and a long row at most once per mega-batch; random order mixes about half the batches."""
+        target = make_sharp_target()
+        lengths = [5, 20] * 16
+        dataset = make_dataset(lengths=lengths)
+        shares = {}
+        for strategy in ("group_by_length", "random"):
+            epoch = dict(max_steps=-1, num_train_epochs=1, logging_strategy="epoch", train_sampling_strategy=strategy)
+            args = make_args(tmp_path / strategy, ttt_steps=1, **epoch)
+            trainer = Eagle3Trainer(make_draft(target), args, target_model=target, train_dataset=dataset)
+            if strategy == "group_by_length":  # the lengths come from the token ids
+                assert trainer._get_train_sampler().lengths == lengths
+            trainer.train()
+            shares[strategy] = next(e for e in trainer.state.log_history if "padding_share" in e)["padding_share"]
+        mixed_batch_share = 15 / 40  # a batch of one short and one long row
+        assert shares["group_by_length"] <= 5 * 15 / (5 * 40 + 11 * 10)  # 5 mixed batches at most, the rest short
+        assert shares["random"] > 2 * shares["group_by_length"]
+        assert shares["random"] < mixed_batch_share
+
     def test_checkpoints_are_loadable_heads_without_target_weights(self, tmp_path):
         target = make_sharp_target()
         draft = make_draft(target)

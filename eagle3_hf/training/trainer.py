@@ -8,8 +8,9 @@ eval mode without gradients. `compute_loss` keeps `Trainer`'s signature and read
 2. the training-time test: `ttt_steps` calls of the draft's own `forward`, sharing one `DynamicCache` that
    accumulates the keys of all previous steps (gradients flow through them), each with the 4-D mask of
    `losses.ttt_attention_mask`, RoPE positions `t + k` and input hidden `fc(features)` then the draft's own output;
-3. the loss `sum_k decay**k * loss_k` and per-step metrics (`loss_step_k`, `acc_step_k`, `acceptance_length`),
-   summed per micro-batch, reduced over processes and averaged in `log()`.
+3. the loss `sum_k decay**k * loss_k` and per-step metrics (`loss_step_k`, `acc_step_k`, `acceptance_length`,
+   and `padding_share`, the padded share of the batch's positions), summed per micro-batch, reduced over processes
+   and averaged in `log()`.
 
 Checkpoints are the head alone (`Eagle3DraftModel.save_pretrained`), loadable with `Eagle3DraftModel.from_pretrained`.
 """
@@ -18,8 +19,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 import torch
+from datasets import Dataset
 from transformers import PreTrainedModel, Trainer
 from transformers.cache_utils import DynamicCache
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from ..configuration_eagle3 import Eagle3Config
 from ..generation.tree import additive_mask
@@ -160,6 +163,22 @@ class Eagle3Trainer(Trainer):
             _check_feature_caches([eval_dataset], self.model.config, self.target_model)
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
+    def _get_train_sampler(self, train_dataset=None):
+        """Trainer's sampler; for `train_sampling_strategy="group_by_length"` the lengths come from the token ids.
+
+        Trainer would otherwise read every sample once to learn its length (the tokenized rows carry no length
+        column: the collator pads per-token columns only), which for a `CachedFeatureDataset` means loading every
+        cached feature.
+        """
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        tokens = dataset.dataset if isinstance(dataset, CachedFeatureDataset) else dataset
+        if self.args.train_sampling_strategy != "group_by_length" or not isinstance(tokens, Dataset):
+            return super()._get_train_sampler(train_dataset)
+        lengths = [len(ids) for ids in tokens["input_ids"]]
+        return LengthGroupedSampler(
+            self.args.train_batch_size * self.args.gradient_accumulation_steps, lengths=lengths
+        )
+
     # ------------------------------------------------------------------------------------------------ the loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The weighted training-time-test loss of one micro-batch (`num_items_in_batch` is unused: the loss is
@@ -221,6 +240,9 @@ class Eagle3Trainer(Trainer):
             lengths = chain_acceptance_lengths(torch.stack(correct))
             stats["acceptance_length/sum"] = (lengths * valid).sum(-1)
             stats["acceptance_length/count"] = valid.sum(-1).float()
+            # The share of the batch's positions that are padding: the compute a length-grouping sampler saves.
+            stats["padding_share/sum"] = (attention_mask.shape[1] - attention_mask.sum(-1)).float()
+            stats["padding_share/count"] = torch.full_like(stats["padding_share/sum"], attention_mask.shape[1])
         return loss, stats
 
     def _feature_regression(
